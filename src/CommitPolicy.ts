@@ -1,0 +1,195 @@
+/**
+ * Commit policies: the delivery guarantee as a Layer. A policy decides where a partition starts on assign, when
+ * positions are committed, and how the handler's work and the position write are tied together.
+ *
+ * | policy | order | a crash between the two |
+ * | --- | --- | --- |
+ * | `atMostOnce` | commit, then handle | loses the records, never duplicates |
+ * | `autoCommit` | commit what was fetched, on a timer | can lose and can duplicate |
+ * | `commitAfter` | handle, then commit | duplicates the records, never loses |
+ * | `transactional` | handle and store the position in one transaction | neither |
+ *
+ * @since 0.1.0
+ */
+import type * as Chunk from "effect/Chunk"
+import * as Context from "effect/Context"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import type * as Scope from "effect/Scope"
+import type { ConsumerRecord } from "./ConsumerRecord.js"
+import type { DriverSession } from "./Driver.js"
+import type { CrashPoint } from "./Faults.js"
+import * as internal from "./internal/commitPolicy.js"
+import type { CommitFailed, DriverError } from "./KafkaError.js"
+import { ConfigError } from "./KafkaError.js"
+import type { Fenced, OffsetStore, OffsetStoreError, Transaction } from "./OffsetStore.js"
+import type { TopicPartition } from "./TopicPartition.js"
+
+/**
+ * Errors a policy can end a consumer with.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export type PolicyError = CommitFailed | DriverError | Fenced | OffsetStoreError
+
+/**
+ * What the runloop gives a policy when a consumer starts.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface PolicyContext {
+  readonly groupId: string
+  readonly session: DriverSession
+  /** Checks an injected crash at this point; dies with `Crashed` when the member dies here. */
+  readonly crashAt: (point: CrashPoint, partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void>
+  /** Runs an outside effect (a commit, a store write) unless the member has crashed. */
+  readonly guard: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+  /** Runs a background fiber for the consumer's lifetime; its failure ends the consumer. */
+  readonly fork: (effect: Effect.Effect<void, PolicyError>) => Effect.Effect<void>
+}
+
+/**
+ * A policy at work for one consumer.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface PolicyInstance {
+  readonly name: string
+  /** Where each newly assigned partition starts (next offset to read), keyed by `TopicPartition.key`. */
+  readonly startPositions: (
+    partitions: ReadonlyArray<TopicPartition>
+  ) => Effect.Effect<ReadonlyMap<string, bigint>, PolicyError>
+  /** Records were fetched and handed to the consumer (the point at which kafka-clients calls them "consumed"). */
+  readonly delivered: (partition: TopicPartition, next: bigint) => Effect.Effect<void>
+  /** Runs once per poll loop turn, in the poll loop. */
+  readonly polled: Effect.Effect<void, PolicyError>
+  /**
+   * Runs the handler on a chunk of one partition and moves the position the way the policy says. `retry` runs the
+   * handler with the configured retries; a policy that must not hand a record twice calls `work` once.
+   */
+  readonly process: <E, R>(
+    partition: TopicPartition,
+    records: Chunk.Chunk<ConsumerRecord>,
+    work: Effect.Effect<void, E, R>,
+    retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
+  ) => Effect.Effect<void, E | PolicyError, Exclude<R, Transaction>>
+  /** The partitions are being revoked: commit or store their final positions now. */
+  readonly revoke: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void, PolicyError>
+  /** The partitions are already gone: forget what was pending for them. */
+  readonly lost: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void>
+}
+
+/**
+ * @since 0.1.0
+ * @category tags
+ */
+export class CommitPolicy extends Context.Tag("effect-kafka-delivery/CommitPolicy")<CommitPolicy, {
+  readonly name: string
+  readonly make: (context: PolicyContext) => Effect.Effect<PolicyInstance, never, Scope.Scope>
+}>() {}
+
+/**
+ * At-most-once: the position of a chunk is committed before the handler sees it. A crash or a handler failure after
+ * the commit loses the chunk's remaining records; no record is ever handed to the handler twice, so a failed
+ * handler is not retried (a retry would hand the record again).
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const atMostOnce: Layer.Layer<CommitPolicy> = Layer.succeed(CommitPolicy, {
+  name: "atMostOnce",
+  make: internal.atMostOnce
+})
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export interface AutoCommitOptions {
+  /** How often the positions of fetched records are committed, like `auto.commit.interval.ms`. */
+  readonly interval: Duration.DurationInput
+}
+
+/**
+ * What `enable.auto.commit` does in kafka-clients: inside the poll loop, every `interval`, commit the positions of
+ * every record already fetched, whether or not the handler finished it; commit too before partitions are revoked.
+ * This is neither at-most-once nor at-least-once: a crash after a commit of records still buffered loses them, and a
+ * crash after handling but before the next commit duplicates them. It is here so that the cost can be measured.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const autoCommit = (options: AutoCommitOptions): Layer.Layer<CommitPolicy, ConfigError> =>
+  Layer.effect(
+    CommitPolicy,
+    Effect.map(positiveDuration("autoCommit.interval", options.interval), (interval) => ({
+      name: "autoCommit",
+      make: (context: PolicyContext) => internal.autoCommit(context, interval)
+    }))
+  )
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export interface CommitAfterOptions {
+  /** Commit once this many records were handled since the last commit. */
+  readonly maxBatch: number
+  /** Commit at least this often while handled records wait. */
+  readonly maxInterval: Duration.DurationInput
+}
+
+/**
+ * At-least-once: a position is committed only after its record, and every record before it in the partition, was
+ * handled successfully. Commits are batched by count and time, merged by highest position per partition, and made
+ * before a revoked partition is released. A crash loses no record; records handled since the last commit are
+ * handled again.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPolicy, ConfigError> =>
+  Layer.effect(
+    CommitPolicy,
+    Effect.gen(function*() {
+      if (!Number.isInteger(options.maxBatch) || options.maxBatch < 1) {
+        return yield* new ConfigError({
+          field: "commitAfter.maxBatch",
+          reason: `must be a positive integer, got ${options.maxBatch}`
+        })
+      }
+      const maxInterval = yield* positiveDuration("commitAfter.maxInterval", options.maxInterval)
+      return {
+        name: "commitAfter",
+        make: (context: PolicyContext) => internal.commitAfter(context, options.maxBatch, maxInterval)
+      }
+    })
+  )
+
+/**
+ * Exactly-once: each chunk is handled inside a transaction of the `OffsetStore`, and the partition's new position is
+ * written in the same transaction, on condition that the stored position is still the one the chunk started from.
+ * On assign a partition starts at its stored position (Kafka's committed offset is ignored); records below it are
+ * never handed to the handler. A member whose condition fails (`Fenced`) has lost the partition and stops.
+ *
+ * `commitToKafka` also commits each stored position to Kafka, so lag tools see progress; it is never read back.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const transactional = (
+  options: { readonly commitToKafka?: boolean } = {}
+): Layer.Layer<CommitPolicy, never, OffsetStore> => internal.transactionalLayer(options.commitToKafka ?? false)
+
+const positiveDuration = (field: string, input: Duration.DurationInput) =>
+  Effect.suspend(() => {
+    const decoded = Duration.decodeUnknown(input)
+    if (decoded._tag === "None" || !Duration.isFinite(decoded.value) || Duration.toMillis(decoded.value) <= 0) {
+      return new ConfigError({ field, reason: `must be a positive, finite duration, got ${String(input)}` })
+    }
+    return Effect.succeed(decoded.value)
+  })

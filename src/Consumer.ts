@@ -1,0 +1,308 @@
+/**
+ * Kafka consumers as Effect programs. The poll loop is a stream; partitions are processed concurrently and in order
+ * within each partition; the delivery guarantee is the `CommitPolicy` layer you provide.
+ *
+ * @since 0.1.0
+ */
+import * as Cause from "effect/Cause"
+import * as Chunk from "effect/Chunk"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
+import * as Option from "effect/Option"
+import * as Queue from "effect/Queue"
+import * as Schedule from "effect/Schedule"
+import type * as Scope from "effect/Scope"
+import * as Stream from "effect/Stream"
+import type { CommitPolicy } from "./CommitPolicy.js"
+import type { ConsumerRecord } from "./ConsumerRecord.js"
+import type { Driver } from "./Driver.js"
+import * as runloop from "./internal/runloop.js"
+import { ConfigError } from "./KafkaError.js"
+import type { Transaction } from "./OffsetStore.js"
+import * as TopicPartition from "./TopicPartition.js"
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export interface Config {
+  /** The consumer group; under `transactional` also the key of positions in the offset store. */
+  readonly groupId: string
+  /** Topics to subscribe to through the group protocol. Give either `topics` or `partitions`. */
+  readonly topics?: ReadonlyArray<string>
+  /** Chosen partitions, assigned statically with no group membership (no rebalances). */
+  readonly partitions?: ReadonlyArray<TopicPartition.TopicPartition>
+  readonly clientId?: string
+  /** Most records fetched for one partition per poll, and so the largest chunk a handler gets. Default 500. */
+  readonly maxPollRecords?: number
+  /** Records of one partition fetched and not yet handled never exceed this. Default 2 x `maxPollRecords`. */
+  readonly bufferSize?: number
+  /** Default 100 millis. */
+  readonly pollTimeout?: Duration.DurationInput
+  /** Default 10 seconds. */
+  readonly sessionTimeout?: Duration.DurationInput
+  /** How long the group waits for revoked partitions to be released. Default 60 seconds. */
+  readonly rebalanceTimeout?: Duration.DurationInput
+  /** How long in-flight work of a revoked partition may run on before it is interrupted. Default 30 seconds. */
+  readonly revokeTimeout?: Duration.DurationInput
+  /** Retries of a failed handler, on the same records. Default: exponential from 100 millis, 5 retries. */
+  readonly retry?: Schedule.Schedule<unknown, unknown>
+}
+
+/**
+ * Errors a consumer can end with, besides the handler's own.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export type ConsumerError = runloop.RunError
+
+/**
+ * Per-partition lifecycle hooks. `onAssign` runs in the partition's scope: resources it acquires are released when
+ * the partition is revoked, after its final position is committed or stored.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Hooks<E = never, R = never> {
+  readonly onAssign?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R | Scope.Scope>
+  readonly onRevoke?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>
+}
+
+const duration = (field: string, input: Duration.DurationInput | undefined, fallback: Duration.Duration) =>
+  Effect.suspend(() => {
+    if (input === undefined) return Effect.succeed(fallback)
+    const decoded = Duration.decodeUnknown(input)
+    if (Option.isNone(decoded) || !Duration.isFinite(decoded.value) || Duration.toMillis(decoded.value) <= 0) {
+      return new ConfigError({ field, reason: `must be a positive, finite duration, got ${String(input)}` })
+    }
+    return Effect.succeed(decoded.value)
+  })
+
+const positiveInt = (field: string, input: number | undefined, fallback: number) =>
+  input === undefined
+    ? Effect.succeed(fallback)
+    : Number.isInteger(input) && input > 0
+    ? Effect.succeed(input)
+    : new ConfigError({ field, reason: `must be a positive integer, got ${input}` })
+
+/**
+ * Checks a configuration before anything connects; each invalid value fails with a `ConfigError` naming its field.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const validate = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =>
+  Effect.gen(function*() {
+    if (typeof config.groupId !== "string" || config.groupId.trim().length === 0) {
+      return yield* new ConfigError({ field: "groupId", reason: "must be a non-empty string" })
+    }
+    if ((config.topics === undefined) === (config.partitions === undefined)) {
+      return yield* new ConfigError({ field: "topics", reason: "give either topics or partitions, not both or none" })
+    }
+    if (config.topics !== undefined) {
+      if (config.topics.length === 0) {
+        return yield* new ConfigError({ field: "topics", reason: "must name at least one topic" })
+      }
+      const bad = config.topics.find((t) => typeof t !== "string" || !/^[a-zA-Z0-9._-]{1,249}$/.test(t))
+      if (bad !== undefined) {
+        return yield* new ConfigError({
+          field: "topics",
+          reason: `"${bad}" is not a valid topic name (1-249 of a-z A-Z 0-9 . _ -)`
+        })
+      }
+    }
+    if (config.partitions !== undefined) {
+      if (config.partitions.length === 0) {
+        return yield* new ConfigError({ field: "partitions", reason: "must name at least one partition" })
+      }
+      const bad = config.partitions.find((tp) =>
+        typeof tp.topic !== "string" || tp.topic.length === 0 || !Number.isInteger(tp.partition) || tp.partition < 0
+      )
+      if (bad !== undefined) {
+        return yield* new ConfigError({
+          field: "partitions",
+          reason: `${JSON.stringify(bad)} is not a topic and a non-negative partition number`
+        })
+      }
+    }
+    const maxPollRecords = yield* positiveInt("maxPollRecords", config.maxPollRecords, 500)
+    const bufferSize = yield* positiveInt("bufferSize", config.bufferSize, 2 * maxPollRecords)
+    if (bufferSize < maxPollRecords) {
+      return yield* new ConfigError({
+        field: "bufferSize",
+        reason: `must be at least maxPollRecords (${maxPollRecords}), got ${bufferSize}`
+      })
+    }
+    const pollTimeout = yield* duration("pollTimeout", config.pollTimeout, Duration.millis(100))
+    const sessionTimeout = yield* duration("sessionTimeout", config.sessionTimeout, Duration.seconds(10))
+    const rebalanceTimeout = yield* duration("rebalanceTimeout", config.rebalanceTimeout, Duration.seconds(60))
+    const revokeTimeout = yield* duration("revokeTimeout", config.revokeTimeout, Duration.seconds(30))
+    if (Duration.greaterThanOrEqualTo(revokeTimeout, rebalanceTimeout)) {
+      return yield* new ConfigError({
+        field: "revokeTimeout",
+        reason: "must be shorter than rebalanceTimeout, so that the final commit lands before the group moves on"
+      })
+    }
+    return {
+      session: {
+        groupId: config.groupId,
+        clientId: config.clientId ?? config.groupId,
+        subscription: config.topics !== undefined
+          ? { _tag: "Topics", topics: config.topics }
+          : { _tag: "Partitions", partitions: config.partitions ?? [] },
+        maxPollRecords,
+        pollTimeout,
+        sessionTimeout,
+        rebalanceTimeout
+      },
+      bufferSize,
+      revokeTimeout,
+      retry: config.retry ??
+        Schedule.exponential(Duration.millis(100)).pipe(Schedule.intersect(Schedule.recurs(5)))
+    }
+  })
+
+/**
+ * A handler of a chunk of records of one partition, in offset order.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Handler<E, R> = (
+  records: Chunk.Chunk<ConsumerRecord>,
+  partition: TopicPartition.TopicPartition
+) => Effect.Effect<void, E, R>
+
+/**
+ * Runs the consumer: partitions concurrently, chunks of a partition one after another, positions committed as the
+ * provided `CommitPolicy` says. Never succeeds; it ends by interruption or with the first error.
+ *
+ * @since 0.1.0
+ * @category running
+ */
+export const run = <E, R, EH = never, RH = never>(
+  config: Config,
+  handler: Handler<E, R>,
+  hooks: Hooks<EH, RH> = {}
+): Effect.Effect<never, ConsumerError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | RH> =>
+  Effect.flatMap(validate(config), (resolved) => runloop.run(resolved, handler, hooks))
+
+/**
+ * Runs the consumer with a handler per record. When the handler fails, the error names the record it failed on.
+ *
+ * @since 0.1.0
+ * @category running
+ */
+export const runEach = <E, R, EH = never, RH = never>(
+  config: Config,
+  handler: (record: ConsumerRecord) => Effect.Effect<void, E, R>,
+  hooks: Hooks<EH, RH> = {}
+): Effect.Effect<never, ConsumerError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | RH> =>
+  run(
+    config,
+    (records) =>
+      Effect.forEach(records, (record) => Effect.mapError(handler(record), (e) => new runloop.RecordFailure(record.offset, e)), {
+        discard: true
+      }) as Effect.Effect<void, E, R>,
+    hooks
+  )
+
+/**
+ * One assigned partition and its records. The stream ends when the partition is revoked. A chunk counts as handled
+ * when the next one is pulled, so the commit policy sees the pace of the code that reads the stream.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface PartitionStream {
+  readonly partition: TopicPartition.TopicPartition
+  readonly records: Stream.Stream<Chunk.Chunk<ConsumerRecord>>
+}
+
+/**
+ * The consumer as a stream of partition streams: one per assignment, each living exactly as long as it.
+ *
+ * @since 0.1.0
+ * @category streams
+ */
+export const partitions = (
+  config: Config
+): Stream.Stream<PartitionStream, ConsumerError, Driver | CommitPolicy> =>
+  Stream.unwrapScoped(Effect.gen(function*() {
+    type Handoff = readonly [Chunk.Chunk<ConsumerRecord>, Deferred.Deferred<void>] | null
+    const out = yield* Queue.unbounded<PartitionStream>()
+    const handoffs = new Map<string, Queue.Queue<Handoff>>()
+    const failed = yield* Deferred.make<never, ConsumerError>()
+
+    const partitionStream = (tp: TopicPartition.TopicPartition, handoff: Queue.Queue<Handoff>) => {
+      let previous: Deferred.Deferred<void> | undefined
+      const pull = Effect.gen(function*() {
+        if (previous !== undefined) yield* Deferred.succeed(previous, undefined)
+        previous = undefined
+        const next = yield* Queue.take(handoff)
+        if (next === null) return yield* Effect.fail(Option.none())
+        previous = next[1]
+        return next[0]
+      })
+      return { partition: tp, records: Stream.repeatEffectOption(pull) }
+    }
+
+    const consumer = run(
+      config,
+      (records, tp) =>
+        Effect.gen(function*() {
+          const handoff = handoffs.get(TopicPartition.key(tp))
+          if (handoff === undefined) return
+          const done = yield* Deferred.make<void>()
+          yield* Queue.offer(handoff, [records, done])
+          yield* Deferred.await(done)
+        }),
+      {
+        onAssign: (tp) =>
+          Effect.gen(function*() {
+            const handoff = yield* Queue.unbounded<Handoff>()
+            handoffs.set(TopicPartition.key(tp), handoff)
+            yield* Queue.offer(out, partitionStream(tp, handoff))
+          }),
+        onRevoke: (tp) =>
+          Effect.suspend(() => {
+            const handoff = handoffs.get(TopicPartition.key(tp))
+            handoffs.delete(TopicPartition.key(tp))
+            return handoff === undefined ? Effect.void : Queue.offer(handoff, null)
+          })
+      }
+    )
+    const fiber = yield* consumer.pipe(
+      Effect.catchAllCause((cause) =>
+        Cause.isInterruptedOnly(cause) ? Effect.void : Deferred.failCause(failed, cause as Cause.Cause<ConsumerError>)
+      ),
+      Effect.forkScoped
+    )
+    yield* Effect.addFinalizer(() => Fiber.interrupt(fiber))
+    return Stream.fromQueue(out).pipe(Stream.interruptWhen(Deferred.await(failed)))
+  }))
+
+/**
+ * All records as one stream, partitions merged. A record counts as handled when the merged stream pulls the next
+ * chunk of its partition, which can be before your code is done with it: for a guarantee you can rely on, use `run`
+ * or `partitions`.
+ *
+ * @since 0.1.0
+ * @category streams
+ */
+export const records = (config: Config): Stream.Stream<ConsumerRecord, ConsumerError, Driver | CommitPolicy> =>
+  partitions(config).pipe(
+    Stream.flatMap((p) => p.records, { concurrency: "unbounded" }),
+    Stream.flattenChunks
+  )
+
+/**
+ * The chunk of records as an array, for handlers that prefer one.
+ *
+ * @since 0.1.0
+ * @category utils
+ */
+export const toArray = (records: Chunk.Chunk<ConsumerRecord>): ReadonlyArray<ConsumerRecord> => Chunk.toReadonlyArray(records)

@@ -1,0 +1,115 @@
+/**
+ * @since 0.1.0
+ */
+import { dual } from "effect/Function"
+import * as TopicPartition from "./TopicPartition.js"
+
+/**
+ * Positions to commit, one per partition. Merging keeps the highest position per partition, so commits requested
+ * out of order never move a partition backwards.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface OffsetBatch {
+  readonly positions: ReadonlyMap<string, bigint>
+}
+
+/**
+ * @since 0.1.0
+ * @category constructors
+ */
+export const empty: OffsetBatch = { positions: new Map() }
+
+/**
+ * @since 0.1.0
+ * @category constructors
+ */
+export const of = (tp: TopicPartition.TopicPartition, position: bigint): OffsetBatch => ({
+  positions: new Map([[TopicPartition.key(tp), position]])
+})
+
+/**
+ * @since 0.1.0
+ * @category constructors
+ */
+export const fromIterable = (
+  entries: Iterable<readonly [TopicPartition.TopicPartition, bigint]>
+): OffsetBatch => {
+  let batch = empty
+  for (const [tp, position] of entries) batch = add(batch, tp, position)
+  return batch
+}
+
+/**
+ * Adds a position, keeping the highest one for the partition.
+ *
+ * @since 0.1.0
+ * @category combinators
+ */
+export const add: {
+  (tp: TopicPartition.TopicPartition, position: bigint): (self: OffsetBatch) => OffsetBatch
+  (self: OffsetBatch, tp: TopicPartition.TopicPartition, position: bigint): OffsetBatch
+} = dual(3, (self: OffsetBatch, tp: TopicPartition.TopicPartition, position: bigint): OffsetBatch => {
+  const k = TopicPartition.key(tp)
+  const current = self.positions.get(k)
+  if (current !== undefined && current >= position) return self
+  const positions = new Map(self.positions)
+  positions.set(k, position)
+  return { positions }
+})
+
+/**
+ * Merges two batches, keeping the highest position per partition.
+ *
+ * @since 0.1.0
+ * @category combinators
+ */
+export const merge: {
+  (that: OffsetBatch): (self: OffsetBatch) => OffsetBatch
+  (self: OffsetBatch, that: OffsetBatch): OffsetBatch
+} = dual(2, (self: OffsetBatch, that: OffsetBatch): OffsetBatch => {
+  if (that.positions.size === 0) return self
+  if (self.positions.size === 0) return that
+  const positions = new Map(self.positions)
+  for (const [k, position] of that.positions) {
+    const current = positions.get(k)
+    if (current === undefined || position > current) positions.set(k, position)
+  }
+  return { positions }
+})
+
+/**
+ * Drops the given partitions from the batch.
+ *
+ * @since 0.1.0
+ * @category combinators
+ */
+export const without: {
+  (tps: Iterable<TopicPartition.TopicPartition>): (self: OffsetBatch) => OffsetBatch
+  (self: OffsetBatch, tps: Iterable<TopicPartition.TopicPartition>): OffsetBatch
+} = dual(2, (self: OffsetBatch, tps: Iterable<TopicPartition.TopicPartition>): OffsetBatch => {
+  const positions = new Map(self.positions)
+  for (const tp of tps) positions.delete(TopicPartition.key(tp))
+  return { positions }
+})
+
+/**
+ * @since 0.1.0
+ * @category accessors
+ */
+export const get = (self: OffsetBatch, tp: TopicPartition.TopicPartition): bigint | undefined =>
+  self.positions.get(TopicPartition.key(tp))
+
+/**
+ * @since 0.1.0
+ * @category accessors
+ */
+export const isEmpty = (self: OffsetBatch): boolean => self.positions.size === 0
+
+/**
+ * @since 0.1.0
+ * @category accessors
+ */
+export const entries = (self: OffsetBatch): Array<readonly [TopicPartition.TopicPartition, bigint]> =>
+  Array.from(self.positions, ([k, position]) => [TopicPartition.fromKey(k), position] as const)

@@ -1,0 +1,220 @@
+import * as Chunk from "effect/Chunk"
+import * as Clock from "effect/Clock"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Queue from "effect/Queue"
+import * as Schedule from "effect/Schedule"
+import type * as Scope from "effect/Scope"
+import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
+import { CommitPolicy } from "../CommitPolicy.js"
+import * as ConsumerRecord from "../ConsumerRecord.js"
+import type { DriverSession } from "../Driver.js"
+import type { CommitFailed } from "../KafkaError.js"
+import * as OffsetBatch from "../OffsetBatch.js"
+import { OffsetStore, type Transaction } from "../OffsetStore.js"
+import * as TopicPartition from "../TopicPartition.js"
+
+/** Retriable commit failures (a coordinator moving, a rebalance starting) are retried a few times. */
+const commitRetry = Schedule.exponential(Duration.millis(20)).pipe(Schedule.intersect(Schedule.recurs(5)))
+
+const commitOnce = (session: DriverSession, batch: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> =>
+  session.commit(batch).pipe(Effect.retry({ schedule: commitRetry, while: (e) => e.retriable }))
+
+const lastPosition = (records: Chunk.Chunk<ConsumerRecord.ConsumerRecord>): bigint =>
+  ConsumerRecord.nextPosition(Chunk.unsafeLast(records))
+
+// The handler's requirements without `Transaction`: policies other than `transactional` never provide it, and a
+// handler that asks for it there dies with a missing-service defect that names the tag.
+const withoutTransaction = <E, R>(work: Effect.Effect<void, E, R>) =>
+  work as Effect.Effect<void, E, Exclude<R, Transaction>>
+
+/** Commits before handing records over: a record is handled at most once. */
+export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
+  Effect.succeed({
+    name: "atMostOnce",
+    startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
+    delivered: () => Effect.void,
+    polled: Effect.void,
+    process: (partition, records, work) =>
+      Effect.gen(function*() {
+        const batch = OffsetBatch.of(partition, lastPosition(records))
+        yield* context.crashAt("beforeCommit", [partition])
+        yield* context.guard(commitOnce(context.session, batch))
+        yield* context.crashAt("afterCommit", [partition])
+        yield* context.crashAt("beforeHandler", [partition])
+        yield* context.guard(withoutTransaction(work))
+        yield* context.crashAt("afterHandler", [partition])
+      }),
+    revoke: () => Effect.void,
+    lost: () => Effect.void
+  })
+
+/** Pending positions merged by highest per partition, committed one batch at a time. */
+const makeCommitter = (context: PolicyContext) =>
+  Effect.gen(function*() {
+    let pending = OffsetBatch.empty
+    let count = 0
+    const lock = yield* Effect.makeSemaphore(1)
+    const flush = lock.withPermits(1)(Effect.suspend(() => {
+      if (OffsetBatch.isEmpty(pending)) return Effect.void
+      const batch = pending
+      pending = OffsetBatch.empty
+      count = 0
+      const partitions = OffsetBatch.entries(batch).map(([tp]) => tp)
+      return context.crashAt("beforeCommit", partitions).pipe(
+        Effect.zipRight(context.guard(commitOnce(context.session, batch)).pipe(
+          // A refused commit means the member lost these partitions; their records will be handled again by the
+          // next owner (a duplicate, never a loss). The runloop learns of the loss from the driver.
+          Effect.catchAll((error) => Effect.logWarning("commit refused; positions dropped", error))
+        )),
+        Effect.zipRight(context.crashAt("afterCommit", partitions))
+      )
+    }))
+    return {
+      add: (partition: TopicPartition.TopicPartition, position: bigint, records: number) =>
+        Effect.sync(() => {
+          pending = OffsetBatch.add(pending, partition, position)
+          count += records
+          return count
+        }),
+      forget: (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+        Effect.sync(() => {
+          pending = OffsetBatch.without(pending, partitions)
+        }),
+      flush
+    } as const
+  })
+
+/** The kafka-clients auto commit: positions of fetched records, committed every interval from the poll loop. */
+export const autoCommit = (
+  context: PolicyContext,
+  interval: Duration.Duration
+): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const committer = yield* makeCommitter(context)
+    let last = yield* Clock.currentTimeMillis
+    const every = Duration.toMillis(interval)
+    return {
+      name: "autoCommit",
+      startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
+      delivered: (partition, next) => Effect.asVoid(committer.add(partition, next, 0)),
+      polled: Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        if (now - last < every) return
+        last = now
+        yield* committer.flush
+      }),
+      process: (partition, _records, work, retry) =>
+        Effect.gen(function*() {
+          yield* context.crashAt("beforeHandler", [partition])
+          yield* context.guard(withoutTransaction(retry(work)))
+          yield* context.crashAt("afterHandler", [partition])
+        }),
+      // kafka-clients commits synchronously before a rebalance when auto commit is on.
+      revoke: () => committer.flush,
+      lost: committer.forget
+    } satisfies PolicyInstance
+  })
+
+/** At-least-once: positions of handled records, batched by count and time. */
+export const commitAfter = (
+  context: PolicyContext,
+  maxBatch: number,
+  maxInterval: Duration.Duration
+): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const committer = yield* makeCommitter(context)
+    const due = yield* Queue.sliding<void>(1)
+    yield* context.fork(
+      Effect.race(Queue.take(due), Effect.sleep(maxInterval)).pipe(
+        Effect.zipRight(committer.flush),
+        Effect.forever
+      )
+    )
+    return {
+      name: "commitAfter",
+      startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
+      delivered: () => Effect.void,
+      polled: Effect.void,
+      process: (partition, records, work, retry) =>
+        Effect.gen(function*() {
+          yield* context.crashAt("beforeHandler", [partition])
+          yield* context.guard(withoutTransaction(retry(work)))
+          yield* context.crashAt("afterHandler", [partition])
+          const count = yield* committer.add(partition, lastPosition(records), Chunk.size(records))
+          if (count >= maxBatch) yield* Queue.offer(due, undefined)
+        }),
+      revoke: () => committer.flush,
+      lost: committer.forget
+    } satisfies PolicyInstance
+  })
+
+/** Where a partition starts when Kafka holds the position: the committed offset, else the beginning. */
+const kafkaStartPositions = (
+  session: DriverSession,
+  partitions: ReadonlyArray<TopicPartition.TopicPartition>
+) =>
+  Effect.gen(function*() {
+    const committed = yield* session.committed(partitions)
+    const missing = partitions.filter((tp) => !committed.has(TopicPartition.key(tp)))
+    if (missing.length === 0) return committed
+    const beginning = yield* session.beginning(missing)
+    return new Map([...beginning, ...committed])
+  })
+
+/** Exactly-once: the handler's writes and the position in one transaction of the offset store. */
+export const transactionalLayer = (commitToKafka: boolean): Layer.Layer<CommitPolicy, never, OffsetStore> =>
+  Layer.effect(
+    CommitPolicy,
+    Effect.map(OffsetStore, (store) => ({
+      name: "transactional",
+      make: (context: PolicyContext) =>
+        Effect.sync(() => {
+          // The stored position each owned partition's next unit starts from; `null` when nothing is stored yet.
+          const stored = new Map<string, bigint | null>()
+          const instance: PolicyInstance = {
+            name: "transactional",
+            startPositions: (partitions) =>
+              Effect.gen(function*() {
+                const loaded = yield* store.load(context.groupId, partitions)
+                const missing = partitions.filter((tp) => !loaded.has(TopicPartition.key(tp)))
+                const beginning = missing.length === 0 ? new Map<string, bigint>() : yield* context.session.beginning(missing)
+                for (const tp of partitions) stored.set(TopicPartition.key(tp), loaded.get(TopicPartition.key(tp)) ?? null)
+                return new Map([...beginning, ...loaded])
+              }),
+            delivered: () => Effect.void,
+            polled: Effect.void,
+            process: (partition, records, work, retry) =>
+              Effect.gen(function*() {
+                const key = TopicPartition.key(partition)
+                const next = lastPosition(records)
+                yield* context.crashAt("beforeHandler", [partition])
+                const unit = { groupId: context.groupId, partition, expected: stored.get(key) ?? null, next }
+                yield* retry(context.guard(store.commit(
+                  unit,
+                  work.pipe(
+                    Effect.zipLeft(context.crashAt("afterHandler", [partition])),
+                    Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
+                  )
+                )))
+                stored.set(key, next)
+                yield* context.crashAt("afterCommit", [partition])
+                if (commitToKafka) {
+                  yield* context.guard(context.session.commit(OffsetBatch.of(partition, next))).pipe(
+                    Effect.catchAll((error) => Effect.logDebug("position hint not committed to Kafka", error))
+                  )
+                }
+              }),
+            revoke: () => Effect.void,
+            lost: (partitions) =>
+              Effect.sync(() => {
+                for (const tp of partitions) stored.delete(TopicPartition.key(tp))
+              })
+          }
+          return instance
+        })
+    }))
+  )
+
+export type { PolicyError }

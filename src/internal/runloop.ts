@@ -1,0 +1,279 @@
+import * as Cause from "effect/Cause"
+import * as Chunk from "effect/Chunk"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as Option from "effect/Option"
+import * as Queue from "effect/Queue"
+import type * as Schedule from "effect/Schedule"
+import * as Scope from "effect/Scope"
+import { CommitPolicy, type PolicyContext, type PolicyError } from "../CommitPolicy.js"
+import type { ConsumerRecord } from "../ConsumerRecord.js"
+import { Driver, type DriverEvent, type SessionOptions } from "../Driver.js"
+import { Crashed, type CrashPoint, Faults } from "../Faults.js"
+import { type ConfigError, type DriverError, HandlerFailed } from "../KafkaError.js"
+import type { Transaction } from "../OffsetStore.js"
+import * as TopicPartition from "../TopicPartition.js"
+
+/** Consumer settings after validation. */
+export interface Resolved {
+  readonly session: SessionOptions
+  readonly bufferSize: number
+  readonly revokeTimeout: Duration.Duration
+  readonly retry: Schedule.Schedule<unknown, unknown>
+}
+
+export interface Hooks<E, R> {
+  readonly onAssign?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R | Scope.Scope>
+  readonly onRevoke?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>
+}
+
+export type RunError = ConfigError | DriverError | PolicyError | HandlerFailed
+
+/** A handler failure located at the record it failed on, so that `HandlerFailed` can name it. */
+export class RecordFailure<E> {
+  readonly _tag = "RecordFailure"
+  constructor(readonly offset: bigint, readonly error: E) {}
+}
+
+interface PartitionState {
+  readonly tp: TopicPartition.TopicPartition
+  readonly key: string
+  readonly scope: Scope.CloseableScope
+  readonly queue: Queue.Queue<Chunk.Chunk<ConsumerRecord>>
+  readonly lock: Effect.Semaphore
+  /** Next offset expected from a fetch; records below it (fetched before a seek) are dropped. */
+  next: bigint
+  /** Records fetched and not yet handled; fetching pauses before it can pass `bufferSize`. */
+  outstanding: number
+  paused: boolean
+  stopping: boolean
+  worker: Fiber.RuntimeFiber<void> | undefined
+}
+
+const policyErrorTags = new Set(["CommitFailed", "DriverError", "Fenced", "OffsetStoreError"])
+
+const isPolicyError = (error: unknown): boolean =>
+  typeof error === "object" && error !== null && "_tag" in error && policyErrorTags.has(String(error._tag))
+
+/**
+ * Runs a consumer until it fails or is interrupted. One fiber polls the driver and owns assignment; each partition
+ * has a worker fiber in a scope of its own that ends on revoke; the policy decides the commits.
+ */
+export const run = <E, R, EH, RH>(
+  config: Resolved,
+  handler: (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>,
+  hooks: Hooks<EH, RH>
+): Effect.Effect<never, RunError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | RH> =>
+  Effect.scoped(Effect.gen(function*() {
+    const driver = yield* Driver
+    const commitPolicy = yield* CommitPolicy
+    const faults = yield* Effect.serviceOption(Faults)
+    const failure = yield* Deferred.make<never, unknown>()
+    const consumerScope = yield* Effect.scope
+    const context = yield* Effect.context<Exclude<R, Transaction> | RH>()
+    const session = yield* driver.connect(config.session)
+    let crashed = false
+
+    // After a crash nothing reaches the outside any more; the consumer ends with `Crashed` through `failure`.
+    const guard = <A, E1, R1>(effect: Effect.Effect<A, E1, R1>): Effect.Effect<A, E1, R1> =>
+      Effect.suspend(() => crashed ? Effect.never : effect)
+
+    const crashAt = (point: CrashPoint, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+      Option.match(faults, {
+        onNone: () => Effect.void,
+        onSome: (f) =>
+          guard(f.crashAt(point, session.memberId, partitions)).pipe(
+            Effect.flatMap((dies) => {
+              if (!dies) return Effect.void
+              crashed = true
+              return Effect.die(new Crashed({ memberId: session.memberId, point }))
+            })
+          )
+      })
+
+    const report = (cause: Cause.Cause<unknown>) =>
+      Cause.isInterruptedOnly(cause) ? Effect.void : Deferred.failCause(failure, cause)
+
+    const fork = (effect: Effect.Effect<void, PolicyError>) =>
+      effect.pipe(Effect.catchAllCause(report), Effect.forkIn(consumerScope), Effect.asVoid)
+
+    const policyContext: PolicyContext = { groupId: config.session.groupId, session, crashAt, guard, fork }
+    const policy = yield* commitPolicy.make(policyContext)
+    const owned = new Map<string, PartitionState>()
+    const maxPoll = config.session.maxPollRecords
+
+    const retry = <E2, R2>(work: Effect.Effect<void, E2, R2>) =>
+      Effect.retry(work, { schedule: config.retry, while: (error) => !isPolicyError(error) })
+
+    const toHandlerFailed = (tp: TopicPartition.TopicPartition, records: Chunk.Chunk<ConsumerRecord>) =>
+    (error: unknown) => {
+      if (isPolicyError(error)) return Effect.fail(error)
+      const located = error instanceof RecordFailure
+      return Effect.fail(
+        new HandlerFailed({
+          topic: tp.topic,
+          partition: tp.partition,
+          offset: located ? error.offset : Chunk.unsafeHead(records).offset,
+          cause: located ? error.error : error
+        })
+      )
+    }
+
+    const maybeResume = (state: PartitionState) =>
+      state.lock.withPermits(1)(Effect.suspend(() => {
+        if (!state.paused || state.stopping || state.outstanding + maxPoll > config.bufferSize) return Effect.void
+        state.paused = false
+        return guard(session.resume([state.tp]))
+      }))
+
+    const worker = (state: PartitionState): Effect.Effect<void, unknown> =>
+      Effect.gen(function*() {
+        while (true) {
+          const records = yield* Queue.take(state.queue)
+          if (state.stopping) return
+          yield* policy.process(state.tp, records, handler(records, state.tp), retry).pipe(
+            Effect.catchAll(toHandlerFailed(state.tp, records))
+          )
+          state.outstanding -= Chunk.size(records)
+          yield* maybeResume(state)
+        }
+      }).pipe(Effect.provide(context))
+
+    const assign = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+      Effect.gen(function*() {
+        const fresh = partitions.filter((tp) => !owned.has(TopicPartition.key(tp)))
+        if (fresh.length === 0) return
+        const positions = yield* policy.startPositions(fresh)
+        for (const tp of fresh) {
+          const key = TopicPartition.key(tp)
+          const position = positions.get(key) ?? 0n
+          yield* guard(session.seek(tp, position))
+          const state: PartitionState = {
+            tp,
+            key,
+            scope: yield* Scope.make(),
+            queue: yield* Queue.unbounded<Chunk.Chunk<ConsumerRecord>>(),
+            lock: yield* Effect.makeSemaphore(1),
+            next: position,
+            outstanding: 0,
+            paused: false,
+            stopping: false,
+            worker: undefined
+          }
+          owned.set(key, state)
+          if (hooks.onAssign !== undefined) {
+            yield* hooks.onAssign(tp).pipe(Scope.extend(state.scope), Effect.provide(context))
+          }
+          state.worker = yield* worker(state).pipe(
+            Effect.catchAllCause(report),
+            Effect.forkIn(state.scope)
+          )
+        }
+      })
+
+    const stopWorker = (state: PartitionState) =>
+      Effect.gen(function*() {
+        state.stopping = true
+        yield* Queue.shutdown(state.queue)
+        if (state.worker === undefined) return
+        const done = yield* Fiber.await(state.worker).pipe(Effect.timeoutOption(config.revokeTimeout))
+        if (Option.isNone(done)) {
+          yield* Effect.logWarning(`work on ${state.key} outlived the revoke deadline; interrupted`)
+          yield* Fiber.interrupt(state.worker)
+        }
+      })
+
+    const closePartitions = (states: ReadonlyArray<PartitionState>, runHook: boolean) =>
+      Effect.forEach(states, (state) =>
+        Effect.gen(function*() {
+          if (runHook && hooks.onRevoke !== undefined) {
+            yield* hooks.onRevoke(state.tp).pipe(Effect.provide(context))
+          }
+          owned.delete(state.key)
+          yield* Scope.close(state.scope, Exit.void)
+        }), { discard: true })
+
+    const ownedStates = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+      partitions.flatMap((tp) => {
+        const state = owned.get(TopicPartition.key(tp))
+        return state === undefined ? [] : [state]
+      })
+
+    // Revoke: in-flight work ends (or is interrupted past the deadline), the final positions are committed or
+    // stored, the partition scopes close, and only then are the partitions released to the group.
+    const revoke = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+      Effect.gen(function*() {
+        const states = ownedStates(partitions)
+        yield* Effect.forEach(states, stopWorker, { concurrency: "unbounded", discard: true })
+        yield* policy.revoke(states.map((s) => s.tp))
+        yield* closePartitions(states, true)
+      })
+
+    const lose = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+      Effect.gen(function*() {
+        const states = ownedStates(partitions)
+        for (const state of states) {
+          state.stopping = true
+          if (state.worker !== undefined) yield* Fiber.interrupt(state.worker)
+        }
+        yield* policy.lost(states.map((s) => s.tp))
+        yield* closePartitions(states, true)
+      })
+
+    const enqueue = (tp: TopicPartition.TopicPartition, fetched: Chunk.Chunk<ConsumerRecord>) =>
+      Effect.suspend(() => {
+        const state = owned.get(TopicPartition.key(tp))
+        if (state === undefined || state.stopping) return Effect.void
+        const records = Chunk.unsafeHead(fetched).offset >= state.next
+          ? fetched
+          : Chunk.filter(fetched, (r) => r.offset >= state.next)
+        if (Chunk.isEmpty(records)) return Effect.void
+        const next = Chunk.unsafeLast(records).offset + 1n
+        state.next = next
+        state.outstanding += Chunk.size(records)
+        return Queue.offer(state.queue, records).pipe(
+          Effect.zipRight(policy.delivered(tp, next)),
+          Effect.zipRight(state.lock.withPermits(1)(Effect.suspend(() => {
+            if (state.paused || state.outstanding + maxPoll <= config.bufferSize) return Effect.void
+            state.paused = true
+            return session.pause([tp])
+          })))
+        )
+      })
+
+    const handle = (event: DriverEvent) => {
+      switch (event._tag) {
+        case "Assigned":
+          return assign(event.partitions)
+        case "Revoked":
+          return revoke(event.partitions).pipe(Effect.zipRight(guard(event.release)))
+        case "Lost":
+          return lose(event.partitions)
+        case "Records":
+          return enqueue(event.partition, event.records)
+      }
+    }
+
+    // Leaving cleanly revokes everything owned first, so the last positions are committed or stored. A crashed
+    // member does nothing of the sort: its workers just stop, as they would with the process.
+    yield* Effect.addFinalizer(() =>
+      crashed
+        ? Effect.forEach(owned.values(), (s) => s.worker === undefined ? Effect.void : Fiber.interrupt(s.worker), {
+          discard: true
+        })
+        : revoke(Array.from(owned.values(), (s) => s.tp)).pipe(
+        Effect.timeoutOption(Duration.sum(config.revokeTimeout, Duration.seconds(5))),
+        Effect.catchAllCause((cause) => Effect.logWarning("revoke on shutdown failed", cause))
+      )
+    )
+
+    const loop = guard(session.poll).pipe(
+      Effect.flatMap((events) => Effect.forEach(events, handle, { discard: true })),
+      Effect.zipRight(policy.polled),
+      Effect.forever
+    )
+    return yield* Effect.raceFirst(loop, Deferred.await(failure)) as Effect.Effect<never, RunError | E | EH>
+  }))
