@@ -5,6 +5,7 @@
 import * as Cause from "effect/Cause"
 import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
+import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
@@ -17,6 +18,8 @@ import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import type { Driver } from "../src/Driver.js"
 import { Crashed, type CrashPoint, crashPoints } from "../src/Faults.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import * as OffsetStore from "../src/OffsetStore.js"
+import type { Transaction } from "../src/OffsetStore.js"
 import type * as TopicPartition from "../src/TopicPartition.js"
 
 export type PolicyName = "atMostOnce" | "autoCommit" | "commitAfter" | "transactional"
@@ -36,6 +39,8 @@ export interface Workload {
   readonly rebalances?: boolean
   readonly maxPollRecords?: number
   readonly commitEvery?: number
+  /** Time the handler spends on each chunk, as I/O would. */
+  readonly handlerMillis?: number
 }
 
 export interface Outcome {
@@ -47,6 +52,8 @@ export interface Outcome {
   readonly duplicated: number
   readonly crashes: number
   readonly rebalances: number
+  /** The group's generation at the end: every join, leave and crash moved it on by one. */
+  readonly generation: number
   readonly elapsedMillis: number
 }
 
@@ -66,18 +73,37 @@ export const random = (seed: number) => {
 export interface Tally {
   readonly counts: Map<string, number>
   delivered: number
+  /** Progress points at which the handler waits until the workload has made its move (a member joins or leaves). */
+  readonly checkpoints: Array<Checkpoint>
 }
+
+export interface Checkpoint {
+  readonly at: number
+  readonly reached: Deferred.Deferred<void>
+  readonly moved: Deferred.Deferred<void>
+}
+
+export const makeTally = (checkpoints: Array<Checkpoint> = []): Tally => ({ counts: new Map(), delivered: 0, checkpoints })
+
+/** Waits at a checkpoint the tally has just passed, so that rebalances happen mid-stream, not after it. */
+export const atCheckpoint = (tally: Tally) =>
+  Effect.suspend(() => {
+    const next = tally.checkpoints[0]
+    if (next === undefined || tally.delivered < next.at) return Effect.void
+    tally.checkpoints.shift()
+    return Deferred.succeed(next.reached, undefined).pipe(Effect.zipRight(Deferred.await(next.moved)))
+  })
 
 export const recordKey = (r: { readonly partition: number; readonly offset: bigint }) => `${r.partition}@${r.offset}`
 
-const tallyAll = (tally: Tally, records: Chunk.Chunk<ConsumerRecord>) =>
+export const tallyAll = (tally: Tally, records: Chunk.Chunk<ConsumerRecord>) =>
   Effect.sync(() => {
     for (const r of records) {
       const k = recordKey(r)
       tally.counts.set(k, (tally.counts.get(k) ?? 0) + 1)
       tally.delivered++
     }
-  })
+  }).pipe(Effect.zipRight(atCheckpoint(tally)))
 
 /** Policy layers for the in-memory lab (transactional is given its store by the caller). */
 export const policyLayer = (name: Exclude<PolicyName, "transactional">, commitEvery: number) => {
@@ -91,33 +117,90 @@ export const policyLayer = (name: Exclude<PolicyName, "transactional">, commitEv
   }
 }
 
-export interface Plan {
+export interface Plan<R = never> {
   /** Consumes as one member until interrupted; dies with `Crashed` when a crash is injected. */
-  readonly member: (groupId: string, topic: string) => Effect.Effect<never, unknown, Driver | InMemoryKafka.InMemoryKafka>
+  readonly member: (
+    groupId: string,
+    topic: string
+  ) => Effect.Effect<never, unknown, Driver | InMemoryKafka.InMemoryKafka | R>
   /** The stored positions that say how far the group has got, keyed by `TopicPartition.key`. */
-  readonly positions: (groupId: string) => Effect.Effect<ReadonlyMap<string, bigint>, unknown, InMemoryKafka.InMemoryKafka>
+  readonly positions: (
+    groupId: string,
+    partitions: ReadonlyArray<TopicPartition.TopicPartition>
+  ) => Effect.Effect<ReadonlyMap<string, bigint>, unknown, InMemoryKafka.InMemoryKafka | R>
   /** Deliveries, read after the run. */
-  readonly tally: Effect.Effect<Tally, unknown>
+  readonly tally: (groupId: string) => Effect.Effect<Tally, unknown, R>
 }
 
-/** The plan for the three Kafka-committed policies: deliveries counted in the handler. */
-export const kafkaPlan = (
+export type MakePlan<R> = (
   workload: Workload,
-  shouldCrash: (point: CrashPoint, partitions: ReadonlyArray<TopicPartition.TopicPartition>) => boolean
-): Plan => {
-  const tally: Tally = { counts: new Map(), delivered: 0 }
+  shouldCrash: (point: CrashPoint, partitions: ReadonlyArray<TopicPartition.TopicPartition>) => boolean,
+  checkpoints: Array<Checkpoint>
+) => Plan<R>
+
+/** The plan for the three Kafka-committed policies: deliveries counted in the handler. */
+export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) => {
+  const tally = makeTally(checkpoints)
   const policy = policyLayer(workload.policy as Exclude<PolicyName, "transactional">, workload.commitEvery ?? 100)
   return {
     member: (groupId, topic) =>
       Consumer.run(
         { groupId, topics: [topic], maxPollRecords: workload.maxPollRecords ?? 50, retry: Schedule.recurs(0) },
-        (records) => tallyAll(tally, records)
+        (records) =>
+          workload.handlerMillis === undefined
+            ? tallyAll(tally, records)
+            : Effect.zipRight(Effect.sleep(workload.handlerMillis), tallyAll(tally, records))
       ).pipe(
         Effect.provide(Layer.merge(policy, InMemoryKafka.layerFaults((point, _, tps) => shouldCrash(point, tps))))
       ),
-    positions: (groupId) =>
-      Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.committed(groupId)).pipe(Effect.flatten),
-    tally: Effect.succeed(tally)
+    positions: (groupId) => Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.committed(groupId)).pipe(Effect.flatten),
+    tally: () => Effect.succeed(tally)
+  }
+}
+
+/**
+ * How the exactly-once handler writes its results into the store's transaction, and how they are read back.
+ */
+export interface ResultSink<R> {
+  readonly write: (records: Chunk.Chunk<ConsumerRecord>) => Effect.Effect<void, unknown, Transaction | R>
+  readonly read: (groupId: string) => Effect.Effect<ReadonlyArray<string>, unknown, R>
+}
+
+/** Results through `OffsetStore.append`, for the memory and file stores. */
+export const appendSink: ResultSink<OffsetStore.Results> = {
+  write: (records) => OffsetStore.append(Chunk.toReadonlyArray(Chunk.map(records, recordKey))),
+  read: (groupId) => Effect.map(OffsetStore.results(groupId), (rs) => rs.map(String))
+}
+
+/** The plan for `transactional`: deliveries are the results committed with positions in the offset store. */
+export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.OffsetStore | R> =>
+(workload, shouldCrash, checkpoints) => {
+  const progress = makeTally(checkpoints)
+  return {
+    member: (groupId, topic) =>
+      Consumer.run(
+        { groupId, topics: [topic], maxPollRecords: workload.maxPollRecords ?? 50, retry: Schedule.recurs(0) },
+        (records) =>
+          sink.write(records).pipe(
+            Effect.zipRight(Effect.sync(() => (progress.delivered += Chunk.size(records)))),
+            Effect.zipRight(atCheckpoint(progress))
+          )
+      ).pipe(
+        Effect.provide(Layer.merge(
+          CommitPolicy.transactional(),
+          InMemoryKafka.layerFaults((point, _, tps) => shouldCrash(point, tps))
+        ))
+      ),
+    positions: (groupId, partitions) => Effect.flatMap(OffsetStore.OffsetStore, (store) => store.load(groupId, partitions)),
+    tally: (groupId) =>
+      Effect.map(sink.read(groupId), (keys) => {
+        const tally = makeTally()
+        for (const k of keys) {
+          tally.counts.set(k, (tally.counts.get(k) ?? 0) + 1)
+          tally.delivered++
+        }
+        return tally
+      })
   }
 }
 
@@ -125,8 +208,8 @@ export const kafkaPlan = (
  * Runs a workload to the end: every partition's stored position reaches the end of the topic, then the members stop
  * cleanly. Members that crash are replaced at once.
  */
-export const runWorkload = (workload: Workload, makePlan?: typeof kafkaPlan) =>
-  Effect.gen(function*() {
+export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R>) =>
+  Effect.scoped(Effect.gen(function*() {
     const kafka = yield* InMemoryKafka.InMemoryKafka
     const rng = random(workload.seed)
     const topic = `lab-${workload.policy}-${workload.seed}`
@@ -145,7 +228,20 @@ export const runWorkload = (workload: Workload, makePlan?: typeof kafkaPlan) =>
       crashes++
       return true
     }
-    const plan = (makePlan ?? kafkaPlan)(workload, shouldCrash)
+    // Members join at a quarter and at half of the records, and one leaves at three quarters.
+    const checkpoints: Array<Checkpoint> = []
+    if (workload.rebalances === true) {
+      for (const share of [1, 2, 3]) {
+        checkpoints.push({
+          at: Math.floor((workload.records * share) / 4),
+          reached: yield* Deferred.make<void>(),
+          moved: yield* Deferred.make<void>()
+        })
+      }
+    }
+    const moves = [...checkpoints]
+    const plan: Plan<R> = (makePlan ?? (kafkaPlan as MakePlan<R>))(workload, shouldCrash, checkpoints)
+    const partitions = end.map((_, partition) => ({ topic, partition }))
     const start = yield* Clock.currentTimeMillis
 
     // A member that crashes is replaced, as a process supervisor would restart it.
@@ -162,40 +258,36 @@ export const runWorkload = (workload: Workload, makePlan?: typeof kafkaPlan) =>
     )
 
     const done = Effect.gen(function*() {
-      const positions = yield* plan.positions(groupId)
+      const positions = yield* plan.positions(groupId, partitions)
       return end.every((e, p) => (positions.get(`${topic}-${p}`) ?? 0n) >= e)
     })
-    const progress = Effect.gen(function*() {
-      const t = yield* plan.tally
-      return t.delivered
-    })
-
     let rebalances = 0
     const extras: Array<Fiber.RuntimeFiber<unknown, unknown>> = []
+    const rebalancer = yield* Effect.fork(Effect.forEach(moves, (checkpoint, i) =>
+      Effect.gen(function*() {
+        yield* Deferred.await(checkpoint.reached)
+        if (i < 2) extras.push(yield* Effect.forkDaemon(supervised))
+        rebalances++
+        yield* Deferred.succeed(checkpoint.moved, undefined)
+        // Leaving waits for the member's in-flight work, which may be the handler that waited here: let it go first.
+        if (i === 2) yield* Fiber.interrupt(extras.shift()!)
+      })))
+    yield* Effect.addFinalizer(() => Fiber.interruptAll(extras))
     while (!(yield* done)) {
-      const failed = yield* Effect.forEach(members, (f) => f.poll).pipe(
+      const failed = yield* Effect.forEach([...members, ...extras], (f) => f.poll).pipe(
         Effect.map((polls) => polls.find((p) => Option.isSome(p)))
       )
-      if (failed !== undefined && Option.isSome(failed)) return yield* failed.value
-      if (workload.rebalances === true) {
-        const seen = yield* progress
-        const step = Math.floor(workload.records / 4)
-        if (rebalances === 0 && seen >= step) {
-          extras.push(yield* Effect.fork(supervised))
-          rebalances++
-        } else if (rebalances === 1 && seen >= 2 * step) {
-          extras.push(yield* Effect.fork(supervised))
-          rebalances++
-        } else if (rebalances === 2 && seen >= 3 * step) {
-          yield* Fiber.interrupt(extras.shift()!)
-          rebalances++
-        }
+      if (failed !== undefined && Option.isSome(failed)) {
+        const exit = failed.value
+        return yield* Exit.isFailure(exit) ? Effect.failCause(exit.cause) : Effect.dieMessage("a member stopped")
       }
       yield* Effect.sleep("2 millis")
     }
+    yield* Fiber.interrupt(rebalancer)
+    for (const checkpoint of moves) yield* Deferred.succeed(checkpoint.moved, undefined)
     yield* Fiber.interruptAll([...members, ...extras])
     const elapsedMillis = (yield* Clock.currentTimeMillis) - start
-    const tally = yield* plan.tally
+    const tally = yield* plan.tally(groupId)
     let lost = 0
     let duplicated = 0
     for (let p = 0; p < end.length; p++) {
@@ -213,9 +305,10 @@ export const runWorkload = (workload: Workload, makePlan?: typeof kafkaPlan) =>
       duplicated,
       crashes,
       rebalances,
+      generation: yield* kafka.generation(groupId),
       elapsedMillis
     } satisfies Outcome
-  })
+  }))
 
 /** Whether a member ended because a crash was injected. */
 export const isCrash = (exit: Exit.Exit<unknown, unknown>): boolean =>

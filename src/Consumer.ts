@@ -187,7 +187,7 @@ export const run = <E, R, EH = never, RH = never>(
   config: Config,
   handler: Handler<E, R>,
   hooks: Hooks<EH, RH> = {}
-): Effect.Effect<never, ConsumerError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | RH> =>
+): Effect.Effect<never, ConsumerError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | Exclude<RH, Scope.Scope>> =>
   Effect.flatMap(validate(config), (resolved) => runloop.run(resolved, handler, hooks))
 
 /**
@@ -200,7 +200,7 @@ export const runEach = <E, R, EH = never, RH = never>(
   config: Config,
   handler: (record: ConsumerRecord) => Effect.Effect<void, E, R>,
   hooks: Hooks<EH, RH> = {}
-): Effect.Effect<never, ConsumerError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | RH> =>
+): Effect.Effect<never, ConsumerError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | Exclude<RH, Scope.Scope>> =>
   run(
     config,
     (records) =>

@@ -213,6 +213,7 @@ const makeBroker = (options: Options) =>
         m.generation = group.generation
         m.assigned = tps
         m.positions = new Map()
+        m.paused = new Set()
         m.pendingEvents.push({ _tag: "Assigned", partitions: tps })
       }
     }
@@ -297,12 +298,9 @@ const makeBroker = (options: Options) =>
         if (member.paused.has(k)) continue
         const log = topics.get(tp.topic)?.[tp.partition]
         if (log === undefined) continue
-        let position = member.positions.get(k)
-        if (position === undefined) {
-          position = group.committed.get(k) ?? 0n
-          member.positions.set(k, position)
-        }
-        if (position >= BigInt(log.length)) continue
+        // A newly assigned partition is fetched only once the runloop has sought it to its start position.
+        const position = member.positions.get(k)
+        if (position === undefined || position >= BigInt(log.length)) continue
         const from = Number(position)
         const records = log.slice(from, from + member.options.maxPollRecords)
         member.positions.set(k, position + BigInt(records.length))
@@ -443,6 +441,17 @@ const makeBroker = (options: Options) =>
                 reason: "IllegalGeneration",
                 retriable: false,
                 detail: `member generation ${member.generation}, group generation ${group.generation}`
+              })
+            }
+            // The broker itself would take a commit for any partition from a member of the current generation;
+            // refusing partitions the member does not own keeps a late commit from moving another owner's position.
+            const owns = new Set(member.assigned.map(TopicPartition.key))
+            const foreign = [...offsets.positions.keys()].filter((k) => !owns.has(k))
+            if (foreign.length > 0) {
+              return yield* new CommitFailed({
+                reason: "IllegalGeneration",
+                retriable: false,
+                detail: `${foreign.join(", ")} not assigned to ${member.id}`
               })
             }
             for (const [k, position] of offsets.positions) group.committed.set(k, position)

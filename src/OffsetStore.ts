@@ -197,7 +197,23 @@ export const layerMemory: Layer.Layer<OffsetStore | Results> = Layer.effectConte
  * Each committed unit is one JSON file holding the position and the results appended by its work, written to a
  * temporary file, synced, then linked into place under a name that only one unit can take. That makes a commit
  * atomic and fenced even between processes sharing the directory. Files live under
- * `directory/<group>/<topic>/<partition>/`, and the newest file of a partition holds its position.
+ * `directory/<group>/<topic>/<partition>/`, numbered from 1, and the newest one holds the partition's position:
+ *
+ * ```json
+ * {
+ *   "format": "effect-kafka-delivery/offset-segment/1",
+ *   "groupId": "billing",
+ *   "topic": "orders",
+ *   "partition": 0,
+ *   "sequence": 2,
+ *   "from": "120",
+ *   "next": "125",
+ *   "committedAt": "2025-01-01T12:00:00.000Z",
+ *   "results": [{ "orderId": "o-7" }]
+ * }
+ * ```
+ *
+ * A damaged file is reported with its path and left as it is; leftover `.tmp-*` files of a crashed write are ignored.
  *
  * @since 0.1.0
  * @category layers

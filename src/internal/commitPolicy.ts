@@ -3,7 +3,6 @@ import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
-import * as Queue from "effect/Queue"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
@@ -125,13 +124,7 @@ export const commitAfter = (
 ): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
   Effect.gen(function*() {
     const committer = yield* makeCommitter(context)
-    const due = yield* Queue.sliding<void>(1)
-    yield* context.fork(
-      Effect.race(Queue.take(due), Effect.sleep(maxInterval)).pipe(
-        Effect.zipRight(committer.flush),
-        Effect.forever
-      )
-    )
+    yield* context.fork(Effect.sleep(maxInterval).pipe(Effect.zipRight(committer.flush), Effect.forever))
     return {
       name: "commitAfter",
       startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
@@ -143,7 +136,8 @@ export const commitAfter = (
           yield* context.guard(withoutTransaction(retry(work)))
           yield* context.crashAt("afterHandler", [partition])
           const count = yield* committer.add(partition, lastPosition(records), Chunk.size(records))
-          if (count >= maxBatch) yield* Queue.offer(due, undefined)
+          // The worker that completes a batch commits it: "every N records" holds exactly, whatever the load.
+          if (count >= maxBatch) yield* committer.flush
         }),
       revoke: () => committer.flush,
       lost: committer.forget

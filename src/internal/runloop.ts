@@ -66,14 +66,14 @@ export const run = <E, R, EH, RH>(
   config: Resolved,
   handler: (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>,
   hooks: Hooks<EH, RH>
-): Effect.Effect<never, RunError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | RH> =>
+): Effect.Effect<never, RunError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | Exclude<RH, Scope.Scope>> =>
   Effect.scoped(Effect.gen(function*() {
     const driver = yield* Driver
     const commitPolicy = yield* CommitPolicy
     const faults = yield* Effect.serviceOption(Faults)
     const failure = yield* Deferred.make<never, unknown>()
     const consumerScope = yield* Effect.scope
-    const context = yield* Effect.context<Exclude<R, Transaction> | RH>()
+    const context = yield* Effect.context<Exclude<R, Transaction> | Exclude<RH, Scope.Scope>>()
     const session = yield* driver.connect(config.session)
     let crashed = false
 
@@ -147,6 +147,8 @@ export const run = <E, R, EH, RH>(
         const fresh = partitions.filter((tp) => !owned.has(TopicPartition.key(tp)))
         if (fresh.length === 0) return
         const positions = yield* policy.startPositions(fresh)
+        // A partition paused by an earlier owner state must fetch again.
+        yield* guard(session.resume(fresh))
         for (const tp of fresh) {
           const key = TopicPartition.key(tp)
           const position = positions.get(key) ?? 0n
@@ -226,7 +228,10 @@ export const run = <E, R, EH, RH>(
     const enqueue = (tp: TopicPartition.TopicPartition, fetched: Chunk.Chunk<ConsumerRecord>) =>
       Effect.suspend(() => {
         const state = owned.get(TopicPartition.key(tp))
-        if (state === undefined || state.stopping) return Effect.void
+        if (state === undefined || state.stopping || Chunk.isEmpty(fetched)) return Effect.void
+        // A gap means the fetch did not start where this partition's position is: fetch again from there rather
+        // than skip records.
+        if (Chunk.unsafeHead(fetched).offset > state.next) return guard(session.seek(tp, state.next))
         const records = Chunk.unsafeHead(fetched).offset >= state.next
           ? fetched
           : Chunk.filter(fetched, (r) => r.offset >= state.next)

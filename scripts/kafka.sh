@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# Runs a single-node Apache Kafka broker (KRaft, no ZooKeeper) on 127.0.0.1 for the integration tests and the demo.
+#
+#   scripts/kafka.sh fetch    fetch the broker's jars into the cache only
+#   scripts/kafka.sh start    fetch the broker's jars (first run only), format a fresh data dir, start, wait until ready
+#   scripts/kafka.sh stop     stop the broker started by `start` and delete its data
+#   scripts/kafka.sh status   say whether it runs (exit 0) or not (exit 3)
+#
+# Environment:
+#   KAFKA_PORT            client port (default 19092); the controller listens on KAFKA_PORT + 1
+#   KAFKA_START_TIMEOUT   seconds to wait for the broker to be ready (default 90)
+#   KAFKA_STOP_TIMEOUT    seconds to wait after SIGTERM before SIGKILL (default 30)
+#   KAFKA_CACHE_DIR       where jars and broker state live (default <project>/.cache/kafka)
+#   KAFKA_KEEP_LOGS=1     `stop` keeps the broker's logs (in $KAFKA_CACHE_DIR/run-<port>/logs)
+#   KAFKA_WATCH_PID       `start` also stops the broker when this process exits (the test runner passes its pid)
+#
+# On success `start` prints `KAFKA_BROKERS=127.0.0.1:<port>` on stdout; everything else goes to stderr.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PROJECT_DIR="$(cd "$SCRIPT_DIR/.." && pwd)"
+
+KAFKA_PORT="${KAFKA_PORT:-19092}"
+START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
+STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
+CACHE_DIR="${KAFKA_CACHE_DIR:-$PROJECT_DIR/.cache/kafka}"
+LIBS_DIR="$CACHE_DIR/libs"
+POM_TEMPLATE="$SCRIPT_DIR/kafka/pom.xml"
+
+log() { printf 'kafka.sh: %s\n' "$*" >&2; }
+die() {
+  log "$*"
+  exit 1
+}
+
+if ! [[ "$KAFKA_PORT" =~ ^[0-9]+$ ]] || ((KAFKA_PORT < 1 || KAFKA_PORT > 65534)); then
+  die "KAFKA_PORT must be a port number below 65535, got '$KAFKA_PORT'"
+fi
+CONTROLLER_PORT=$((KAFKA_PORT + 1))
+# One state dir per port, so brokers on different ports do not step on each other.
+RUN_DIR="$CACHE_DIR/run-$KAFKA_PORT"
+PID_FILE="$RUN_DIR/kafka.pid"
+LOG_DIR="$RUN_DIR/logs"
+DATA_DIR="$RUN_DIR/data"
+
+usage() {
+  cat >&2 <<EOF
+usage: $0 fetch|start|stop|status
+  fetch   fetch the broker's jars into the cache (start does this too)
+  start   start a single-node Kafka broker on 127.0.0.1:\$KAFKA_PORT (default 19092)
+  stop    stop it and delete its data
+  status  exit 0 when it runs, 3 when it does not
+EOF
+  exit 2
+}
+
+require_tools() {
+  local missing=()
+  command -v java >/dev/null 2>&1 || missing+=("java (17 or later)")
+  if [[ ! -f "$LIBS_DIR/.complete" ]]; then
+    command -v mvn >/dev/null 2>&1 || missing+=("mvn (Maven, to fetch the broker's jars once)")
+  fi
+  if ((${#missing[@]} > 0)); then
+    log "cannot start a Kafka broker: missing ${missing[*]}."
+    log "Install them, or point the tests at a broker you already run:"
+    log "  KAFKA_BROKERS=host:port npm test"
+    exit 1
+  fi
+}
+
+# The pid of the broker started by `start`, if that process still runs; empty otherwise. The command line is checked so
+# that a pid reused by an unrelated process is never signalled.
+running_pid() {
+  [[ -f "$PID_FILE" ]] || return 0
+  local pid
+  pid="$(cat "$PID_FILE" 2>/dev/null || true)"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+  if [[ -r "/proc/$pid/cmdline" ]]; then
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "kafka.Kafka $RUN_DIR/server.properties"; then
+      echo "$pid"
+    fi
+  elif kill -0 "$pid" 2>/dev/null; then
+    echo "$pid"
+  fi
+}
+
+port_in_use() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+fetch_libs() {
+  local pom_hash
+  pom_hash="$(sha256sum "$POM_TEMPLATE" | cut -d' ' -f1)"
+  if [[ -f "$LIBS_DIR/.complete" ]] && [[ "$(cat "$LIBS_DIR/.complete")" == "$pom_hash" ]]; then
+    return 0
+  fi
+  log "fetching Apache Kafka 3.9.1 jars from Maven Central into $LIBS_DIR (first run only, about 100 MB)"
+  local work="$CACHE_DIR/fetch.$$"
+  rm -rf "$work"
+  mkdir -p "$work"
+  cp "$POM_TEMPLATE" "$work/pom.xml"
+  local attempt
+  for attempt in 1 2; do
+    rm -rf "$work/libs"
+    if mvn -q -B -f "$work/pom.xml" \
+      org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$work/libs" >"$work/mvn.log" 2>&1; then
+      break
+    fi
+    if ((attempt == 2)); then
+      tail -n 30 "$work/mvn.log" >&2 || true
+      rm -rf "$work"
+      log "could not fetch the broker's jars with Maven (log above)."
+      die "Point the tests at an existing broker instead: KAFKA_BROKERS=host:port npm test"
+    fi
+    log "Maven fetch failed, retrying once"
+    sleep 2
+  done
+  ls "$work/libs"/kafka_2.13-*.jar >/dev/null 2>&1 || die "Maven finished but kafka_2.13 is not among the fetched jars"
+  echo "$pom_hash" >"$work/libs/.complete"
+  rm -rf "$LIBS_DIR"
+  mv "$work/libs" "$LIBS_DIR"
+  rm -rf "$work"
+  log "fetched $(find "$LIBS_DIR" -name '*.jar' | wc -l) jars"
+}
+
+# A KRaft cluster id: 16 random bytes, base64url without padding (22 characters), as Kafka's Uuid prints them.
+# Ids starting with '-' are avoided because command-line parsers take them for options.
+cluster_id() {
+  local id
+  while :; do
+    id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    [[ "$id" != -* ]] && break
+  done
+  echo "$id"
+}
+
+write_config() {
+  cat >"$RUN_DIR/server.properties" <<EOF
+# Single-node KRaft broker for tests, written by scripts/kafka.sh.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$DATA_DIR
+num.partitions=1
+# One broker: internal topics must not ask for more replicas than exist, or groups and transactions hang.
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+# Tests join groups constantly; do not wait for more members before the first rebalance.
+group.initial.rebalance.delay.ms=0
+log.cleaner.dedupe.buffer.size=1048577
+auto.create.topics.enable=false
+EOF
+
+  cat >"$RUN_DIR/log4j.properties" <<EOF
+# Broker logs go to a file; the console only gets errors.
+log4j.rootLogger=INFO, file, console
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File=$LOG_DIR/server.log
+log4j.appender.file.Append=true
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.appender.console=org.apache.log4j.ConsoleAppender
+log4j.appender.console.Threshold=ERROR
+log4j.appender.console.layout=org.apache.log4j.PatternLayout
+log4j.appender.console.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+log4j.logger.org.apache.kafka.storage.internals.log=WARN
+log4j.logger.kafka.log=WARN
+EOF
+}
+
+start() {
+  require_tools
+  mkdir -p "$CACHE_DIR"
+  # Serialize concurrent `start`s for the same port (e.g. two test runs).
+  exec 9>"$CACHE_DIR/.lock-$KAFKA_PORT"
+  flock -w "$((START_TIMEOUT + 600))" 9 || die "timed out waiting for another scripts/kafka.sh on port $KAFKA_PORT"
+
+  local pid
+  pid="$(running_pid)"
+  if [[ -n "$pid" ]]; then
+    log "already running (pid $pid)"
+    echo "KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
+    return 0
+  fi
+  if port_in_use "$KAFKA_PORT" || port_in_use "$CONTROLLER_PORT"; then
+    log "port $KAFKA_PORT or $CONTROLLER_PORT is taken by another process."
+    die "Set KAFKA_PORT to start on other ports, or use that broker: KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT npm test"
+  fi
+
+  fetch_libs
+
+  rm -rf "$RUN_DIR"
+  mkdir -p "$RUN_DIR" "$LOG_DIR" "$DATA_DIR"
+  write_config
+
+  local classpath="$LIBS_DIR/*"
+  local -a jvm=(java -Xms256m -Xmx512m -XX:+UseSerialGC -Djava.awt.headless=true
+    "-Dlog4j.configuration=file:$RUN_DIR/log4j.properties" -cp "$classpath")
+
+  "${jvm[@]}" kafka.tools.StorageTool format -t "$(cluster_id)" -c "$RUN_DIR/server.properties" \
+    >"$LOG_DIR/format.log" 2>&1 || {
+    cat "$LOG_DIR/format.log" >&2
+    die "formatting the data dir failed"
+  }
+
+  local started_at=$SECONDS
+  # setsid: the broker must outlive the shell (and the test runner) that started it, until `stop`.
+  # 9>&-: the broker must not inherit (and hold) the start lock.
+  setsid "${jvm[@]}" kafka.Kafka "$RUN_DIR/server.properties" \
+    </dev/null >"$LOG_DIR/stdout.log" 2>&1 9>&- &
+  pid=$!
+  echo "$pid" >"$PID_FILE"
+
+  local deadline=$((SECONDS + START_TIMEOUT))
+  while :; do
+    if grep -q "Kafka Server started" "$LOG_DIR/server.log" 2>/dev/null; then
+      break
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 40 "$LOG_DIR/server.log" "$LOG_DIR/stdout.log" >&2 2>/dev/null || true
+      rm -f "$PID_FILE"
+      die "the broker exited during startup (logs above, in $LOG_DIR)"
+    fi
+    if ((SECONDS >= deadline)); then
+      tail -n 40 "$LOG_DIR/server.log" >&2 2>/dev/null || true
+      stop_pid "$pid"
+      die "the broker was not ready within ${START_TIMEOUT}s (logs in $LOG_DIR)"
+    fi
+    sleep 0.25
+  done
+  if [[ "${KAFKA_WATCH_PID:-}" =~ ^[0-9]+$ ]]; then
+    # Stops the broker once the process that asked for it is gone, even when that process was killed before it could
+    # call `stop` (a test runner under `timeout`, say).
+    KAFKA_PORT="$KAFKA_PORT" KAFKA_CACHE_DIR="$CACHE_DIR" setsid bash -c '
+      while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 2; done
+      if kill -0 "$2" 2>/dev/null; then bash "$3" stop; fi
+    ' kafka-watch "$KAFKA_WATCH_PID" "$pid" "$SCRIPT_DIR/kafka.sh" </dev/null >/dev/null 2>&1 9>&- &
+  fi
+  log "started (pid $pid) in $((SECONDS - started_at))s, logs in $LOG_DIR"
+  echo "KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
+}
+
+stop_pid() {
+  local pid="$1"
+  kill -TERM "$pid" 2>/dev/null || return 0
+  local deadline=$((SECONDS + STOP_TIMEOUT))
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      log "no exit ${STOP_TIMEOUT}s after SIGTERM, sending SIGKILL to $pid"
+      kill -KILL "$pid" 2>/dev/null || true
+      break
+    fi
+    sleep 0.2
+  done
+  # The shell that started the broker may be gone, so there may be no `wait` to reap it; poll until it disappears.
+  local i
+  for i in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+}
+
+stop() {
+  local pid
+  pid="$(running_pid)"
+  if [[ -z "$pid" ]]; then
+    log "not running on port $KAFKA_PORT"
+  else
+    stop_pid "$pid"
+    log "stopped (pid $pid)"
+  fi
+  # KAFKA_KEEP_LOGS=1 keeps the broker's logs for inspection; the data always goes.
+  if [[ "${KAFKA_KEEP_LOGS:-0}" == "1" ]]; then
+    rm -rf "$DATA_DIR" "$PID_FILE"
+  else
+    rm -rf "$RUN_DIR"
+  fi
+}
+
+status() {
+  local pid
+  pid="$(running_pid)"
+  if [[ -n "$pid" ]]; then
+    echo "running (pid $pid) KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
+  else
+    echo "not running on port $KAFKA_PORT"
+    exit 3
+  fi
+}
+
+case "${1:-}" in
+  fetch)
+    require_tools
+    fetch_libs
+    ;;
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) usage ;;
+esac

@@ -1,0 +1,130 @@
+import { assert, describe, it } from "@effect/vitest"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as TestClock from "effect/TestClock"
+import { Driver, type DriverEvent } from "../src/Driver.js"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import { ConfigError } from "../src/KafkaError.js"
+import * as OffsetBatch from "../src/OffsetBatch.js"
+import { driverSuite, DriverTestKit } from "./driverSuite.js"
+
+const testKit: Layer.Layer<DriverTestKit, never, InMemoryKafka.InMemoryKafka> = Layer.effect(
+  DriverTestKit,
+  Effect.map(InMemoryKafka.InMemoryKafka, (kafka) => ({
+    createTopic: (topic, partitions) => kafka.createTopic(topic, partitions),
+    produce: (topic, partition, values) => kafka.produce(topic, values.map((value) => ({ value, partition }))),
+    endOffsets: (topic) => Effect.map(kafka.endOffsets(topic), (ends) => new Map(ends.map((e, p) => [p, e] as const)))
+  }))
+)
+
+driverSuite(
+  "InMemoryKafka driver",
+  Layer.provideMerge(testKit, InMemoryKafka.layer()),
+  { sessionTimeout: "10 seconds", rebalanceTimeout: "20 seconds", pollTimeout: "20 millis", deadline: "10 seconds" }
+)
+
+const options = (clientId: string, sessionTimeout = "10 seconds" as Duration.DurationInput) => ({
+  groupId: "g",
+  clientId,
+  subscription: { _tag: "Topics", topics: ["t"] } as const,
+  maxPollRecords: 100,
+  pollTimeout: Duration.millis(10),
+  sessionTimeout: Duration.decode(sessionTimeout),
+  rebalanceTimeout: Duration.seconds(30)
+})
+
+const pollUntil = (poll: Effect.Effect<ReadonlyArray<DriverEvent>, unknown>, tag: DriverEvent["_tag"]) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 1_000; i++) {
+      const events = yield* poll
+      const found = events.find((e) => e._tag === tag)
+      if (found !== undefined) return found
+      yield* TestClock.adjust("10 millis")
+    }
+    return yield* Effect.dieMessage(`no ${tag} event`)
+  })
+
+describe("InMemoryKafka on the TestClock", () => {
+  it.scoped("a member that stops heartbeating is evicted after its session timeout; it learns its partitions are lost", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const driver = yield* Driver
+      yield* kafka.createTopic("t", 2)
+      const a = yield* driver.connect(options("a"))
+      yield* pollUntil(a.poll, "Assigned")
+      yield* kafka.freeze(a.memberId)
+      const b = yield* driver.connect(options("b"))
+      // a does not answer the rebalance (it is frozen): after the session timeout the group goes on without it.
+      yield* TestClock.adjust("11 seconds")
+      const assigned = yield* pollUntil(b.poll, "Assigned")
+      assert.strictEqual(assigned._tag === "Assigned" ? assigned.partitions.length : 0, 2)
+      yield* kafka.thaw(a.memberId)
+      const lost = yield* pollUntil(a.poll, "Lost")
+      assert.strictEqual(lost._tag === "Lost" ? lost.partitions.length : 0, 2)
+      // The zombie's commit is refused.
+      const refused = yield* Effect.flip(a.commit(OffsetBatch.of({ topic: "t", partition: 0 }, 5n)))
+      assert.isFalse(refused.retriable)
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
+
+  it.scoped("a killed member leaves at once, without a revoke, and its commits never land", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const driver = yield* Driver
+      yield* kafka.createTopic("t", 2)
+      const a = yield* driver.connect(options("a"))
+      yield* pollUntil(a.poll, "Assigned")
+      const b = yield* driver.connect(options("b"))
+      yield* pollUntil(a.poll, "Revoked").pipe(Effect.flatMap((e) => e._tag === "Revoked" ? e.release : Effect.void))
+      yield* pollUntil(b.poll, "Assigned")
+      const before = yield* kafka.generation("g")
+      yield* kafka.kill(b.memberId)
+      // b is gone at once; a, the survivor, is asked to release what it has and then gets everything.
+      assert.deepStrictEqual((yield* kafka.members("g")).map((m) => m.memberId), [a.memberId])
+      yield* pollUntil(a.poll, "Revoked").pipe(Effect.flatMap((e) => e._tag === "Revoked" ? e.release : Effect.void))
+      yield* pollUntil(a.poll, "Assigned")
+      assert.strictEqual(yield* kafka.generation("g"), before + 1)
+      const members = yield* kafka.members("g")
+      assert.deepStrictEqual(members.map((m) => m.partitions.length), [2])
+      const stillWaiting = yield* b.commit(OffsetBatch.of({ topic: "t", partition: 0 }, 1n)).pipe(
+        Effect.timeoutOption("1 second"),
+        Effect.fork
+      )
+      yield* TestClock.adjust("1 second")
+      const outcome = yield* stillWaiting.await
+      assert.isTrue(outcome._tag === "Success" && outcome.value._tag === "None")
+      assert.strictEqual((yield* kafka.committed("g")).size, 0)
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
+
+  it.live("range and round robin assignment spread partitions evenly", () =>
+    Effect.gen(function*() {
+      for (const assignor of ["range", "roundRobin"] as const) {
+        yield* Effect.scoped(Effect.gen(function*() {
+          const kafka = yield* InMemoryKafka.InMemoryKafka
+          const driver = yield* Driver
+          yield* kafka.createTopic("t", 7)
+          const sessions = [yield* driver.connect(options("a")), yield* driver.connect(options("b")), yield* driver.connect(options("c"))]
+          for (let round = 0; round < 5; round++) {
+            for (const s of sessions) {
+              const events = yield* s.poll
+              for (const e of events) if (e._tag === "Revoked") yield* e.release
+            }
+          }
+          const members = yield* kafka.members("g")
+          assert.sameMembers(members.map((m) => m.partitions.length), [3, 2, 2], assignor)
+        }).pipe(Effect.provide(InMemoryKafka.layer({ assignor }))))
+      }
+    }))
+
+  it.effect("bad topic settings give a typed error naming the field", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const e1 = yield* Effect.flip(kafka.createTopic("", 1))
+      const e2 = yield* Effect.flip(kafka.createTopic("t", 0))
+      assert.instanceOf(e1, ConfigError)
+      assert.strictEqual(e1.field, "topic")
+      assert.strictEqual(e2.field, "partitions")
+      const e3 = yield* Effect.flip(kafka.produce("nope", [{ value: "x" }]))
+      assert.include(e3.message, "nope")
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
+})

@@ -1,0 +1,124 @@
+import * as NodeContext from "@effect/platform-node/NodeContext"
+import * as FileSystem from "@effect/platform/FileSystem"
+import { assert, describe, it } from "@effect/vitest"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as OffsetStore from "../src/OffsetStore.js"
+import * as TopicPartition from "../src/TopicPartition.js"
+import { offsetStoreSuite, SuiteResults } from "./offsetStoreSuite.js"
+
+const strings = (values: ReadonlyArray<unknown>): Effect.Effect<ReadonlyArray<string>, Error> =>
+  values.every((value) => typeof value === "string")
+    ? Effect.succeed(values.filter((value) => typeof value === "string"))
+    : Effect.fail(new Error(`results are not all strings: ${JSON.stringify(values)}`))
+
+const appendedResults = Layer.effect(
+  SuiteResults,
+  Effect.map(OffsetStore.Results, (results) => ({
+    write: (_groupId: string, _partition: TopicPartition.TopicPartition, values: ReadonlyArray<string>) =>
+      OffsetStore.append(values),
+    read: (groupId: string, partition: TopicPartition.TopicPartition) =>
+      Effect.flatMap(results.read(groupId, partition), strings)
+  }))
+)
+
+/** A file store in a temporary directory of its own, removed when the test ends. */
+export const fileStoreInTempDirectory = Layer.unwrapScoped(
+  Effect.map(
+    Effect.flatMap(FileSystem.FileSystem, (fs) => fs.makeTempDirectoryScoped({ prefix: "offset-store-" })),
+    (directory) => OffsetStore.layerFileSystem(directory)
+  )
+).pipe(Layer.provide(NodeContext.layer))
+
+offsetStoreSuite("OffsetStore.layerMemory", appendedResults.pipe(Layer.provideMerge(OffsetStore.layerMemory)))
+offsetStoreSuite("OffsetStore.layerFileSystem", appendedResults.pipe(Layer.provideMerge(fileStoreInTempDirectory)))
+
+describe("OffsetStore.append", () => {
+  const orders0 = TopicPartition.make("orders", 0)
+  const orders1 = TopicPartition.make("orders", 1)
+  const other0 = TopicPartition.make("audit", 0)
+
+  it.effect("keeps JSON values as JSON and reads a whole group in partition order", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      yield* store.commit(
+        { groupId: "g", partition: orders1, expected: null, next: 1n },
+        OffsetStore.append([{ offset: "0", value: "b" }])
+      )
+      yield* store.commit(
+        { groupId: "g", partition: orders0, expected: null, next: 2n },
+        OffsetStore.append([{ offset: "0", value: "a" }, [1, true, null]])
+      )
+      yield* store.commit(
+        { groupId: "g", partition: other0, expected: null, next: 1n },
+        OffsetStore.append(["audit"])
+      )
+      yield* store.commit(
+        { groupId: "h", partition: orders0, expected: null, next: 1n },
+        OffsetStore.append(["other group"])
+      )
+      assert.deepStrictEqual(yield* OffsetStore.results("g"), [
+        "audit",
+        { offset: "0", value: "a" },
+        [1, true, null],
+        { offset: "0", value: "b" }
+      ])
+      assert.deepStrictEqual(yield* OffsetStore.results("g", orders1), [{ offset: "0", value: "b" }])
+      assert.deepStrictEqual(yield* OffsetStore.results("nobody"), [])
+    }).pipe(Effect.provide(OffsetStore.layerMemory)))
+
+  it.effect("copies entries when they are appended", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const entry = { count: 1 }
+      yield* store.commit(
+        { groupId: "g", partition: orders0, expected: null, next: 1n },
+        OffsetStore.append([entry]).pipe(Effect.tap(() => Effect.sync(() => entry.count = 2)))
+      )
+      assert.deepStrictEqual(yield* OffsetStore.results("g", orders0), [{ count: 1 }])
+    }).pipe(Effect.provide(OffsetStore.layerMemory)))
+
+  it.effect("refuses what has no JSON form, and the unit does not commit", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const error = yield* store.commit(
+        { groupId: "g", partition: orders0, expected: null, next: 1n },
+        OffsetStore.append([{ offset: 5n }])
+      ).pipe(Effect.flip)
+      assert.instanceOf(error, OffsetStore.OffsetStoreError)
+      assert.include(error.message, "JSON")
+      assert.include(error.message, "bigint")
+      assert.strictEqual((yield* store.load("g", [orders0])).size, 0)
+      assert.deepStrictEqual(yield* OffsetStore.results("g"), [])
+    }).pipe(Effect.provide(OffsetStore.layerMemory)))
+
+  it.effect("refuses entries after the unit of work ended", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const leaked = yield* store.commit(
+        { groupId: "g", partition: orders0, expected: null, next: 1n },
+        Effect.context<OffsetStore.Transaction>()
+      )
+      const error = yield* OffsetStore.append(["late"]).pipe(Effect.provide(leaked), Effect.flip)
+      assert.include(error.message, "has ended")
+      assert.deepStrictEqual(yield* OffsetStore.results("g"), [])
+    }).pipe(Effect.provide(OffsetStore.layerMemory)))
+
+  it.effect("refuses a transaction of another store", () =>
+    Effect.gen(function*() {
+      const error = yield* OffsetStore.append(["x"]).pipe(
+        Effect.provideService(OffsetStore.Transaction, { store: "postgres", handle: {} }),
+        Effect.flip
+      )
+      assert.instanceOf(error, OffsetStore.OffsetStoreError)
+      assert.include(error.message, "PgOffsetStore.sql")
+    }))
+
+  it.effect("keeps the stores of two memory layers apart", () =>
+    Effect.gen(function*() {
+      const commitOne = Effect.flatMap(OffsetStore.OffsetStore, (store) =>
+        store.commit({ groupId: "g", partition: orders0, expected: null, next: 1n }, Effect.void))
+      yield* commitOne.pipe(Effect.provide(OffsetStore.layerMemory))
+      yield* commitOne.pipe(Effect.provide(OffsetStore.layerMemory))
+    }))
+})

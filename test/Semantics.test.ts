@@ -1,0 +1,201 @@
+import { assert, describe, it } from "@effect/vitest"
+import * as Chunk from "effect/Chunk"
+import * as Deferred from "effect/Deferred"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as FastCheck from "effect/FastCheck"
+import * as Fiber from "effect/Fiber"
+import * as Layer from "effect/Layer"
+import * as TestClock from "effect/TestClock"
+import { isCrash, type Outcome, runWorkload, type Workload } from "../demo/lab.js"
+import * as CommitPolicy from "../src/CommitPolicy.js"
+import * as Consumer from "../src/Consumer.js"
+import { type CrashPoint, crashPoints } from "../src/Faults.js"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import { settled } from "./support/kit.js"
+
+const run = (workload: Workload) => runWorkload(workload).pipe(Effect.provide(InMemoryKafka.layer()))
+
+const base = {
+  records: 3_000,
+  partitions: 6,
+  consumers: 2,
+  crashes: 12,
+  crashRate: 0.25,
+  rebalances: true,
+  maxPollRecords: 40,
+  commitEvery: 100
+} as const
+
+const describeOutcome = (o: Outcome) =>
+  `${o.policy}: delivered ${o.delivered}, lost ${o.lost}, duplicated ${o.duplicated}, crashes ${o.crashes}, rebalances ${o.rebalances}, generation ${o.generation}`
+
+describe("delivery guarantees under crashes at each point, with members joining and leaving", () => {
+  for (const point of crashPoints) {
+    it.live(`commitAfter loses nothing when members die at ${point}`, () =>
+      Effect.gen(function*() {
+        const outcome = yield* run({ ...base, policy: "commitAfter", crashPoints: [point], commitEvery: 20, seed: 21 + crashPoints.indexOf(point) })
+        assert.isAtLeast(outcome.crashes, base.crashes / 2, describeOutcome(outcome))
+        assert.strictEqual(outcome.lost, 0, describeOutcome(outcome))
+        assert.isAtLeast(outcome.delivered, base.records)
+        assert.strictEqual(outcome.rebalances, 3, describeOutcome(outcome))
+      }))
+
+    it.live(`atMostOnce duplicates nothing when members die at ${point}`, () =>
+      Effect.gen(function*() {
+        const outcome = yield* run({ ...base, policy: "atMostOnce", crashPoints: [point], seed: 12 + crashPoints.indexOf(point) })
+        assert.isAtLeast(outcome.crashes, base.crashes / 2, describeOutcome(outcome))
+        assert.strictEqual(outcome.duplicated, 0, describeOutcome(outcome))
+        assert.strictEqual(outcome.delivered + outcome.lost, base.records)
+        assert.strictEqual(outcome.rebalances, 3, describeOutcome(outcome))
+      }))
+  }
+
+  it.live("where each policy pays: atMostOnce loses records to crashes after its commit, commitAfter repeats records handled before its commit", () =>
+    Effect.gen(function*() {
+      const amo = yield* run({ ...base, policy: "atMostOnce", crashPoints: ["afterCommit", "beforeHandler"], seed: 3 })
+      const alo = yield* run({ ...base, policy: "commitAfter", crashPoints: ["afterHandler", "beforeCommit"], seed: 3 })
+      assert.isAbove(amo.lost, 0, describeOutcome(amo))
+      assert.isAbove(alo.duplicated, 0, describeOutcome(alo))
+    }))
+
+  it.live("rebalances alone (no crash) neither lose nor duplicate under commitAfter", () =>
+    Effect.gen(function*() {
+      const outcome = yield* run({ ...base, policy: "commitAfter", crashes: 0, seed: 5 })
+      // Two more members join and one leaves: a generation each.
+      assert.strictEqual(outcome.rebalances, 3)
+      assert.isAtLeast(outcome.generation, 1 + outcome.rebalances, describeOutcome(outcome))
+      assert.strictEqual(outcome.lost, 0, describeOutcome(outcome))
+      assert.strictEqual(outcome.duplicated, 0, describeOutcome(outcome))
+    }))
+
+  it.live.prop(
+    "property: for random crash points, batch sizes and member counts, commitAfter never loses and atMostOnce never duplicates",
+    {
+      seed: FastCheck.integer({ min: 1, max: 1_000_000 }),
+      consumers: FastCheck.integer({ min: 1, max: 4 }),
+      partitions: FastCheck.integer({ min: 1, max: 8 }),
+      maxPollRecords: FastCheck.integer({ min: 1, max: 64 }),
+      commitEvery: FastCheck.integer({ min: 1, max: 300 }),
+      points: FastCheck.subarray([...crashPoints], { minLength: 1 }),
+      crashes: FastCheck.integer({ min: 0, max: 15 }),
+      rebalances: FastCheck.boolean()
+    },
+    ({ commitEvery, consumers, crashes, maxPollRecords, partitions, points, rebalances, seed }) =>
+      Effect.gen(function*() {
+        const workload = {
+          records: 1_500,
+          partitions,
+          consumers,
+          crashes,
+          crashRate: 0.1,
+          crashPoints: points as ReadonlyArray<CrashPoint>,
+          rebalances,
+          maxPollRecords,
+          commitEvery,
+          seed
+        }
+        const alo = yield* run({ ...workload, policy: "commitAfter" })
+        const amo = yield* run({ ...workload, policy: "atMostOnce" })
+        assert.strictEqual(alo.lost, 0, describeOutcome(alo))
+        assert.strictEqual(amo.duplicated, 0, describeOutcome(amo))
+        assert.strictEqual(amo.delivered + amo.lost, workload.records, describeOutcome(amo))
+      }),
+    { fastCheck: { numRuns: 25 }, timeout: 120_000 }
+  )
+})
+
+describe("autoCommit behaves as kafka-clients' enable.auto.commit does", () => {
+  const setup = (records: number) =>
+    Effect.gen(function*() {
+      yield* InMemoryKafka.createTopic("auto", 1)
+      yield* InMemoryKafka.produce("auto", Array.from({ length: records }, (_, i) => ({ value: String(i) })))
+    })
+
+  it.effect("it commits records that were fetched but not handled: a crash then loses them", () =>
+    Effect.gen(function*() {
+      yield* setup(100)
+      const handled: Array<bigint> = []
+      const stuck = yield* Deferred.make<void>()
+      let crashNow = false
+      const first = yield* Consumer.run({ groupId: "g", topics: ["auto"], maxPollRecords: 10, bufferSize: 50 }, (records) =>
+        Effect.gen(function*() {
+          // The first chunk takes long; meanwhile the poll loop fetches more and auto-commits their positions.
+          if (Chunk.unsafeHead(records).offset === 0n) yield* Deferred.await(stuck)
+          for (const r of records) handled.push(r.offset)
+        })).pipe(
+          Effect.provide(
+            Layer.merge(CommitPolicy.autoCommit({ interval: "5 seconds" }), InMemoryKafka.layerFaults(() => crashNow))
+          ),
+          Effect.fork
+        )
+      yield* settled("fetched ahead", Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.members("g")).pipe(
+        Effect.flatten,
+        Effect.flatMap((ms) =>
+          ms.length === 0
+            ? Effect.succeed(0)
+            : Effect.flatMap(InMemoryKafka.InMemoryKafka, (k) => k.fetchedCount(ms[0]!.memberId))
+        ),
+        Effect.map((n) => n >= 50)
+      ))
+      yield* TestClock.adjust("5 seconds")
+      yield* settled("auto commit", Effect.map(InMemoryKafka.committed("g"), (b) => (b.positions.get("auto-0") ?? 0n) >= 50n))
+      // The process dies before the handler finishes the first chunk.
+      crashNow = true
+      yield* Deferred.succeed(stuck, undefined)
+      const exit = yield* Fiber.await(first)
+      assert.isTrue(isCrash(exit), String(exit))
+      // A new member starts from the auto-committed position: the first chunk (0..9) was handled before the
+      // process died, the buffered records 10..49 never were.
+      const second = yield* Consumer.run({ groupId: "g", topics: ["auto"], maxPollRecords: 10 }, (records) =>
+        Effect.sync(() => {
+          for (const r of records) handled.push(r.offset)
+        })).pipe(Effect.provide(CommitPolicy.autoCommit({ interval: "5 seconds" })), Effect.fork)
+      yield* settled("the rest handled", Effect.sync(() => handled.includes(99n)))
+      yield* Fiber.interrupt(second)
+      const lost = Array.from({ length: 100 }, (_, i) => BigInt(i)).filter((o) => !handled.includes(o))
+      assert.deepStrictEqual(lost, Array.from({ length: 40 }, (_, i) => BigInt(i + 10)))
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
+
+  it.effect("it commits only on its interval: a crash after handling and before the next commit duplicates", () =>
+    Effect.gen(function*() {
+      yield* setup(30)
+      const handled: Array<bigint> = []
+      let crashNow = false
+      const first = yield* Consumer.run({ groupId: "g", topics: ["auto"], maxPollRecords: 10 }, (records) =>
+        Effect.sync(() => {
+          for (const r of records) handled.push(r.offset)
+        })).pipe(
+          Effect.provide(
+            Layer.merge(CommitPolicy.autoCommit({ interval: "5 seconds" }), InMemoryKafka.layerFaults((point) => crashNow && point === "afterHandler"))
+          ),
+          Effect.fork
+        )
+      yield* settled("handled", Effect.sync(() => handled.length === 30))
+      assert.strictEqual((yield* InMemoryKafka.committed("g")).positions.size, 0)
+      yield* InMemoryKafka.produce("auto", [{ value: "30" }])
+      crashNow = true
+      const exit = yield* Fiber.await(first)
+      assert.isTrue(Exit.isFailure(exit) && isCrash(exit))
+      const second = yield* Consumer.run({ groupId: "g", topics: ["auto"], maxPollRecords: 10 }, (records) =>
+        Effect.sync(() => {
+          for (const r of records) handled.push(r.offset)
+        })).pipe(Effect.provide(CommitPolicy.autoCommit({ interval: "5 seconds" })), Effect.fork)
+      yield* settled("handled again", Effect.sync(() => handled.length >= 61))
+      yield* Fiber.interrupt(second)
+      const counts = new Map<bigint, number>()
+      for (const o of handled) counts.set(o, (counts.get(o) ?? 0) + 1)
+      // Nothing had been committed: every record handled before the crash was handled again.
+      assert.strictEqual([...counts.values()].filter((n) => n === 2).length, 31)
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
+
+  it.live("measured over a crash workload, it both loses and duplicates", () =>
+    Effect.gen(function*() {
+      const outcomes = yield* Effect.forEach([1, 2, 3, 4], (seed) =>
+        run({ ...base, records: 4_000, policy: "autoCommit", crashes: 20, crashRate: 0.05, seed, maxPollRecords: 20, handlerMillis: 1 }))
+      const lost = outcomes.reduce((n, o) => n + o.lost, 0)
+      const duplicated = outcomes.reduce((n, o) => n + o.duplicated, 0)
+      assert.isAbove(duplicated, 0, outcomes.map(describeOutcome).join("\n"))
+      assert.isAbove(lost, 0, outcomes.map(describeOutcome).join("\n"))
+    }))
+})
