@@ -41,6 +41,18 @@ export interface Workload {
   readonly commitEvery?: number
   /** Time the handler spends on each chunk, as I/O would. */
   readonly handlerMillis?: number
+  /** Keeps the run's topic and group apart from earlier runs with the same policy and seed, in a store that lasts. */
+  readonly runId?: string
+  /** Told, while the run goes on, how far the group's stored positions have got. */
+  readonly onProgress?: (progress: Progress) => void
+}
+
+/** How far a run has got: records below the group's stored positions, out of all produced. */
+export interface Progress {
+  readonly stored: number
+  readonly records: number
+  readonly crashes: number
+  readonly rebalances: number
 }
 
 export interface Outcome {
@@ -54,6 +66,8 @@ export interface Outcome {
   readonly rebalances: number
   /** The group's generation at the end: every join, leave and crash moved it on by one. */
   readonly generation: number
+  /** Members that found, on commit, that another member had moved their partition on, and started again. */
+  readonly fenced: number
   readonly elapsedMillis: number
 }
 
@@ -181,7 +195,9 @@ export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.
       Consumer.run(
         { groupId, topics: [topic], maxPollRecords: workload.maxPollRecords ?? 50, retry: Schedule.recurs(0) },
         (records) =>
-          sink.write(records).pipe(
+          (workload.handlerMillis === undefined
+            ? sink.write(records)
+            : Effect.zipRight(Effect.sleep(workload.handlerMillis), sink.write(records))).pipe(
             Effect.zipRight(Effect.sync(() => (progress.delivered += Chunk.size(records)))),
             Effect.zipRight(atCheckpoint(progress))
           )
@@ -212,7 +228,7 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
   Effect.scoped(Effect.gen(function*() {
     const kafka = yield* InMemoryKafka.InMemoryKafka
     const rng = random(workload.seed)
-    const topic = `lab-${workload.policy}-${workload.seed}`
+    const topic = `lab-${workload.policy}-${workload.seed}${workload.runId === undefined ? "" : `-${workload.runId}`}`
     const groupId = `${topic}-group`
     yield* kafka.createTopic(topic, workload.partitions)
     const batch = 10_000
@@ -245,10 +261,13 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     const start = yield* Clock.currentTimeMillis
 
     // A member that crashes is replaced, as a process supervisor would restart it.
+    let fenced = 0
     const supervised = Effect.gen(function*() {
       while (true) {
         const exit = yield* Effect.exit(plan.member(groupId, topic))
-        if (!isCrash(exit)) return yield* exit
+        // A fenced member has lost its partition to another; like a crashed one, it is started again and rejoins.
+        if (isFenced(exit)) fenced++
+        else if (!isCrash(exit)) return yield* exit
       }
     })
 
@@ -259,6 +278,14 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
 
     const done = Effect.gen(function*() {
       const positions = yield* plan.positions(groupId, partitions)
+      if (workload.onProgress !== undefined) {
+        let stored = 0
+        end.forEach((e, p) => {
+          const at = positions.get(`${topic}-${p}`) ?? 0n
+          stored += Number(at < e ? at : e)
+        })
+        workload.onProgress({ stored, records: workload.records, crashes, rebalances })
+      }
       return end.every((e, p) => (positions.get(`${topic}-${p}`) ?? 0n) >= e)
     })
     let rebalances = 0
@@ -306,10 +333,15 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
       crashes,
       rebalances,
       generation: yield* kafka.generation(groupId),
+      fenced,
       elapsedMillis
     } satisfies Outcome
   }))
 
 /** Whether a member ended because a crash was injected. */
+/** Whether a member ended because the offset store refused its commit: another member had moved on. */
+export const isFenced = (exit: Exit.Exit<unknown, unknown>): boolean =>
+  Exit.isFailure(exit) && Chunk.some(Cause.failures(exit.cause), (e) => e instanceof OffsetStore.Fenced)
+
 export const isCrash = (exit: Exit.Exit<unknown, unknown>): boolean =>
   Exit.isFailure(exit) && Chunk.some(Cause.defects(exit.cause), (d) => d instanceof Crashed)

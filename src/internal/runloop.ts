@@ -76,6 +76,7 @@ export const run = <E, R, EH, RH>(
     const context = yield* Effect.context<Exclude<R, Transaction> | Exclude<RH, Scope.Scope>>()
     const session = yield* driver.connect(config.session)
     let crashed = false
+    const crashSignal = yield* Deferred.make<void>()
 
     // After a crash nothing reaches the outside any more; the consumer ends with `Crashed` through `failure`.
     const guard = <A, E1, R1>(effect: Effect.Effect<A, E1, R1>): Effect.Effect<A, E1, R1> =>
@@ -89,7 +90,9 @@ export const run = <E, R, EH, RH>(
             Effect.flatMap((dies) => {
               if (!dies) return Effect.void
               crashed = true
-              return Effect.die(new Crashed({ memberId: session.memberId, point }))
+              return Deferred.succeed(crashSignal, undefined).pipe(
+                Effect.zipRight(Effect.die(new Crashed({ memberId: session.memberId, point })))
+              )
             })
           )
       })
@@ -181,9 +184,14 @@ export const run = <E, R, EH, RH>(
         state.stopping = true
         yield* Queue.shutdown(state.queue)
         if (state.worker === undefined) return
-        const done = yield* Fiber.await(state.worker).pipe(Effect.timeoutOption(config.revokeTimeout))
+        // Interruptible, so that the deadline holds even when this runs in a finalizer; a crash meanwhile ends the
+        // wait at once.
+        const done = yield* Effect.raceFirst(
+          Fiber.await(state.worker).pipe(Effect.asSome),
+          Deferred.await(crashSignal).pipe(Effect.as(Option.none()))
+        ).pipe(Effect.timeoutOption(config.revokeTimeout), Effect.map(Option.flatten), Effect.interruptible)
         if (Option.isNone(done)) {
-          yield* Effect.logWarning(`work on ${state.key} outlived the revoke deadline; interrupted`)
+          if (!crashed) yield* Effect.logWarning(`work on ${state.key} outlived the revoke deadline; interrupted`)
           yield* Fiber.interrupt(state.worker)
         }
       })
@@ -269,7 +277,7 @@ export const run = <E, R, EH, RH>(
         ? Effect.forEach(owned.values(), (s) => s.worker === undefined ? Effect.void : Fiber.interrupt(s.worker), {
           discard: true
         })
-        : revoke(Array.from(owned.values(), (s) => s.tp)).pipe(
+        : Effect.interruptible(revoke(Array.from(owned.values(), (s) => s.tp))).pipe(
         Effect.timeoutOption(Duration.sum(config.revokeTimeout, Duration.seconds(5))),
         Effect.catchAllCause((cause) => Effect.logWarning("revoke on shutdown failed", cause))
       )

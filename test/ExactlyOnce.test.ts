@@ -1,0 +1,221 @@
+import { NodeContext } from "@effect/platform-node"
+import * as FileSystem from "@effect/platform/FileSystem"
+import { afterAll, assert, describe, it } from "@effect/vitest"
+import * as Chunk from "effect/Chunk"
+import * as Deferred from "effect/Deferred"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as Layer from "effect/Layer"
+import postgres from "postgres"
+import { appendSink, type Outcome, recordKey, type ResultSink, runWorkload, transactionalPlan } from "../demo/lab.js"
+import * as CommitPolicy from "../src/CommitPolicy.js"
+import * as Consumer from "../src/Consumer.js"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import * as OffsetStore from "../src/OffsetStore.js"
+import * as PgOffsetStore from "../src/PgOffsetStore.js"
+import { eventually } from "./support/kit.js"
+
+const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
+const run = `${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 6)}`
+const offsetsTable = `eos_offsets_${run}`
+const resultsTable = `eos_results_${run}`
+const admin = postgres(url, { onnotice: () => {}, max: 2 })
+
+afterAll(async () => {
+  await admin.unsafe(`drop table if exists "${offsetsTable}"; drop table if exists "${resultsTable}"`)
+  await admin.end({ timeout: 5 })
+})
+
+const pgReady = Effect.tryPromise({
+  try: async () => {
+    await admin.unsafe(
+      // No unique key on purpose: exactly-once must hold without idempotent writes.
+      `create table if not exists "${resultsTable}" (group_id text not null, record text not null)`
+    )
+  },
+  catch: (cause) =>
+    new Error(
+      `Postgres at ${url} does not answer (${String(cause)}). Start it with ` +
+        "`pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, or set DATABASE_URL"
+    )
+})
+
+/** Results written with the store's own transaction, in a plain table with no unique key. */
+const pgSink = (groupId: string): ResultSink<never> => ({
+  write: (records) =>
+    Effect.flatMap(PgOffsetStore.sql, (sql) =>
+      Effect.tryPromise(() =>
+        sql`insert into ${sql(resultsTable)} ${
+          sql(Chunk.toReadonlyArray(Chunk.map(records, (r) => ({ group_id: groupId, record: recordKey(r) }))))
+        }`
+      )),
+  read: () =>
+    Effect.tryPromise(() => admin`select record from ${admin(resultsTable)} where group_id = ${groupId}`).pipe(
+      Effect.map((rows) => rows.map((r) => String(r.record)))
+    )
+})
+
+const pgStore = PgOffsetStore.layer({ url, table: offsetsTable, migrate: true })
+
+const exactlyOnce = (outcome: Outcome) => {
+  const text = `${outcome.policy}: results ${outcome.delivered}, lost ${outcome.lost}, duplicated ${outcome.duplicated}, crashes ${outcome.crashes}, rebalances ${outcome.rebalances}`
+  assert.strictEqual(outcome.lost, 0, text)
+  assert.strictEqual(outcome.duplicated, 0, text)
+  assert.strictEqual(outcome.delivered, outcome.produced, text)
+  assert.isAtLeast(outcome.crashes, 50, text)
+  assert.strictEqual(outcome.rebalances, 3, text)
+}
+
+const workload = {
+  policy: "transactional",
+  records: 10_000,
+  partitions: 6,
+  consumers: 3,
+  crashes: 60,
+  crashRate: 0.15,
+  rebalances: true,
+  maxPollRecords: 25
+} as const
+
+describe("exactly-once end to end on the in-memory broker, with crashes and rebalances", () => {
+  it.live("memory store: every record's result is stored exactly once", () =>
+    Effect.gen(function*() {
+      const outcome = yield* runWorkload({ ...workload, seed: 101 }, transactionalPlan(appendSink))
+      exactlyOnce(outcome)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
+
+  it.live("file store: every record's result is stored exactly once", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectory({ prefix: "eos-" })
+      // A crashed member's write that was already under way may still land while the run ends: remove afterwards.
+      yield* Effect.addFinalizer(() =>
+        fs.remove(dir, { recursive: true }).pipe(Effect.retry({ times: 5 }), Effect.ignore)
+      )
+      const outcome = yield* runWorkload({ ...workload, records: 3_000, maxPollRecords: 10, seed: 102 }, transactionalPlan(appendSink)).pipe(
+        Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(dir)))
+      )
+      exactlyOnce(outcome)
+    }).pipe(Effect.scoped, Effect.provide(NodeContext.layer)), { timeout: 120_000 })
+
+  it.live("Postgres store: every record's result is stored exactly once, with no unique key on the results", () =>
+    Effect.gen(function*() {
+      yield* pgReady
+      const groupId = `lab-transactional-103-group`
+      const outcome = yield* runWorkload({ ...workload, seed: 103 }, transactionalPlan(pgSink(groupId)))
+      exactlyOnce(outcome)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))), { timeout: 120_000 })
+})
+
+/**
+ * The zombie: A stalls mid-batch (frozen: no poll, no heartbeat), the group evicts it and gives its partition to B,
+ * which processes past A's batch; then A wakes and tries to commit. The store refuses A's transaction.
+ */
+const zombie = <R>(sink: ResultSink<R>) =>
+  Effect.gen(function*() {
+    const kafka = yield* InMemoryKafka.InMemoryKafka
+    const topic = `zombie-${crypto.randomUUID().slice(0, 6)}`
+    const groupId = `${topic}-group`
+    yield* kafka.createTopic(topic, 1)
+    yield* kafka.produce(topic, Array.from({ length: 20 }, (_, i) => ({ value: String(i) })))
+    const config = { groupId, topics: [topic], maxPollRecords: 5, sessionTimeout: "300 millis" } as const
+    const aInBatch = yield* Deferred.make<void>()
+    const wakeA = yield* Deferred.make<void>()
+    let aWrites = 0
+    const a = yield* Consumer.run(config, (records) =>
+      Effect.gen(function*() {
+        yield* sink.write(records)
+        aWrites += Chunk.size(records)
+        yield* Deferred.succeed(aInBatch, undefined)
+        yield* Deferred.await(wakeA)
+      })).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
+    yield* Deferred.await(aInBatch)
+    const [memberA] = yield* kafka.members(groupId)
+    yield* kafka.freeze(memberA!.memberId)
+
+    const store = yield* OffsetStore.OffsetStore
+    const position = Effect.map(store.load(groupId, [{ topic, partition: 0 }]), (m) => m.get(`${topic}-0`) ?? 0n)
+    const b = yield* Consumer.run(config, sink.write).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
+    yield* eventually("B has stored every position", Effect.map(position, (p) => p === 20n))
+
+    // A's handler wakes up and finishes its batch before A has heard from the group that it was evicted: its commit
+    // is fenced and rolled back. (Had its poll run first, it would have learnt that its partition was lost and
+    // interrupted the batch instead.)
+    yield* Deferred.succeed(wakeA, undefined)
+    const exitA = yield* Fiber.await(a)
+    yield* kafka.thaw(memberA!.memberId)
+    yield* Fiber.interrupt(b)
+    assert.isTrue(Exit.isFailure(exitA))
+    const error = Exit.isFailure(exitA) && exitA.cause._tag === "Fail" ? exitA.cause.error : undefined
+    assert.instanceOf(error, OffsetStore.Fenced)
+    if (error instanceof OffsetStore.Fenced) {
+      assert.strictEqual(error.expected, null)
+      assert.strictEqual(error.actual, 20n)
+    }
+    assert.strictEqual(aWrites, 5)
+    const results = yield* sink.read(groupId)
+    assert.strictEqual(results.length, 20)
+    assert.strictEqual(new Set(results).size, 20)
+    assert.strictEqual(yield* position, 20n)
+  })
+
+describe("a zombie cannot commit after losing its partition", () => {
+  it.live("memory store", () =>
+    zombie(appendSink).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
+
+  it.live("file store", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectoryScoped({ prefix: "zombie-" })
+      yield* zombie(appendSink).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(dir))))
+    }).pipe(Effect.scoped, Effect.provide(NodeContext.layer)))
+
+  it.live("Postgres store", () =>
+    Effect.gen(function*() {
+      yield* pgReady
+      yield* zombie(pgSinkAny)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))))
+})
+
+/** The Postgres sink reading whichever group it is asked about. */
+const pgSinkAny: ResultSink<never> = {
+  write: (records) =>
+    Effect.flatMap(PgOffsetStore.sql, (sql) =>
+      Effect.tryPromise(() =>
+        sql`insert into ${sql(resultsTable)} ${
+          sql(Chunk.toReadonlyArray(Chunk.map(records, (r) => ({ group_id: r.topic + "-group", record: recordKey(r) }))))
+        }`
+      )),
+  read: (groupId) =>
+    Effect.tryPromise(() => admin`select record from ${admin(resultsTable)} where group_id = ${groupId}`).pipe(
+      Effect.map((rows) => rows.map((r) => String(r.record)))
+    )
+}
+
+describe("transactional starts where the store says", () => {
+  it.live("on assign a partition starts at the stored position, not at Kafka's committed offset", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const store = yield* OffsetStore.OffsetStore
+      yield* kafka.createTopic("truth", 1)
+      yield* kafka.produce("truth", Array.from({ length: 15 }, (_, i) => ({ value: String(i) })))
+      // Kafka's committed offset says 15 (say, from an earlier at-least-once run); the store, the truth, says 10.
+      yield* Consumer.run({ groupId: "g", topics: ["truth"] }, () => Effect.void).pipe(
+        Effect.provide(CommitPolicy.commitAfter({ maxBatch: 15, maxInterval: "1 hour" })),
+        Effect.timeout("300 millis"),
+        Effect.ignore
+      )
+      assert.strictEqual((yield* kafka.committed("g")).get("truth-0"), 15n)
+      yield* kafka.produce("truth", Array.from({ length: 5 }, (_, i) => ({ value: String(i + 15) })))
+      yield* store.commit({ groupId: "g", partition: { topic: "truth", partition: 0 }, expected: null, next: 10n }, Effect.void)
+      const seen: Array<bigint> = []
+      const fiber = yield* Consumer.run({ groupId: "g", topics: ["truth"] }, (records) =>
+        Effect.sync(() => {
+          for (const r of records) seen.push(r.offset)
+        })).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
+      yield* eventually("all handled", Effect.sync(() => seen.includes(19n)))
+      yield* Fiber.interrupt(fiber)
+      assert.deepStrictEqual(seen, Array.from({ length: 10 }, (_, i) => BigInt(i + 10)))
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
+})
