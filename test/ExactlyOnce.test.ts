@@ -93,7 +93,7 @@ describe("exactly-once end to end on the in-memory broker, with crashes and reba
       yield* Effect.addFinalizer(() =>
         fs.remove(dir, { recursive: true }).pipe(Effect.retry({ times: 5 }), Effect.ignore)
       )
-      const outcome = yield* runWorkload({ ...workload, records: 3_000, maxPollRecords: 10, seed: 102 }, transactionalPlan(appendSink)).pipe(
+      const outcome = yield* runWorkload({ ...workload, seed: 102 }, transactionalPlan(appendSink)).pipe(
         Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(dir)))
       )
       exactlyOnce(outcome)
@@ -217,5 +217,23 @@ describe("transactional starts where the store says", () => {
       yield* eventually("all handled", Effect.sync(() => seen.includes(19n)))
       yield* Fiber.interrupt(fiber)
       assert.deepStrictEqual(seen, Array.from({ length: 10 }, (_, i) => BigInt(i + 10)))
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
+})
+
+describe("transactional with a position hint for Kafka", () => {
+  it.live("commitToKafka also commits each stored position to Kafka, so lag tools see progress", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const store = yield* OffsetStore.OffsetStore
+      yield* kafka.createTopic("hint", 2)
+      yield* kafka.produce("hint", Array.from({ length: 40 }, (_, i) => ({ value: String(i), partition: i % 2 })))
+      const fiber = yield* Consumer.run({ groupId: "g", topics: ["hint"], maxPollRecords: 7 }, () => Effect.void).pipe(
+        Effect.provide(CommitPolicy.transactional({ commitToKafka: true })),
+        Effect.fork
+      )
+      const partitions = [{ topic: "hint", partition: 0 }, { topic: "hint", partition: 1 }]
+      yield* eventually("stored", Effect.map(store.load("g", partitions), (m) => m.get("hint-0") === 20n && m.get("hint-1") === 20n))
+      yield* eventually("hinted", Effect.map(kafka.committed("g"), (m) => m.get("hint-0") === 20n && m.get("hint-1") === 20n))
+      yield* Fiber.interrupt(fiber)
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
 })

@@ -1,0 +1,89 @@
+/**
+ * Kafka consumers as Effect programs, with the delivery guarantee as a named, composable choice.
+ *
+ * @since 0.1.0
+ */
+
+/**
+ * Commit policies as layers: `atMostOnce`, `autoCommit`, `commitAfter`, `transactional`.
+ *
+ * @since 0.1.0
+ */
+export * as CommitPolicy from "./CommitPolicy.js"
+
+/**
+ * The consumer: `run`, `runEach`, `partitions`, `records`.
+ *
+ * @since 0.1.0
+ */
+export * as Consumer from "./Consumer.js"
+
+/**
+ * Records as the handler sees them.
+ *
+ * @since 0.1.0
+ */
+export * as ConsumerRecord from "./ConsumerRecord.js"
+
+/**
+ * The low-level client contract kept by the kafkajs driver and the in-memory broker.
+ *
+ * @since 0.1.0
+ */
+export * as Driver from "./Driver.js"
+
+/**
+ * Crash injection points.
+ *
+ * @since 0.1.0
+ */
+export * as Faults from "./Faults.js"
+
+/**
+ * An in-memory Kafka: the test kit.
+ *
+ * @since 0.1.0
+ */
+export * as InMemoryKafka from "./InMemoryKafka.js"
+
+/**
+ * Typed errors.
+ *
+ * @since 0.1.0
+ */
+export * as KafkaError from "./KafkaError.js"
+
+/**
+ * The kafkajs driver.
+ *
+ * @since 0.1.0
+ */
+export * as KafkaJs from "./KafkaJs.js"
+
+/**
+ * Positions merged by highest per partition.
+ *
+ * @since 0.1.0
+ */
+export * as OffsetBatch from "./OffsetBatch.js"
+
+/**
+ * The offset store service, with memory and file layers.
+ *
+ * @since 0.1.0
+ */
+export * as OffsetStore from "./OffsetStore.js"
+
+/**
+ * The offset store on Postgres.
+ *
+ * @since 0.1.0
+ */
+export * as PgOffsetStore from "./PgOffsetStore.js"
+
+/**
+ * Topic partitions.
+ *
+ * @since 0.1.0
+ */
+export * as TopicPartition from "./TopicPartition.js"
