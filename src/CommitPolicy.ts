@@ -13,7 +13,7 @@
  */
 import type * as Chunk from "effect/Chunk"
 import * as Context from "effect/Context"
-import * as Duration from "effect/Duration"
+import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as Scope from "effect/Scope"
@@ -21,8 +21,9 @@ import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { DriverSession } from "./Driver.js"
 import type { CrashPoint } from "./Faults.js"
 import * as internal from "./internal/commitPolicy.js"
+import * as config from "./internal/config.js"
 import type { CommitFailed, DriverError } from "./KafkaError.js"
-import { ConfigError } from "./KafkaError.js"
+import type { ConfigError } from "./KafkaError.js"
 import type { Fenced, OffsetStore, OffsetStoreError, Transaction } from "./OffsetStore.js"
 import type { TopicPartition } from "./TopicPartition.js"
 
@@ -126,7 +127,7 @@ export interface AutoCommitOptions {
 export const autoCommit = (options: AutoCommitOptions): Layer.Layer<CommitPolicy, ConfigError> =>
   Layer.effect(
     CommitPolicy,
-    Effect.map(positiveDuration("autoCommit.interval", options.interval), (interval) => ({
+    Effect.map(config.positiveDuration("autoCommit.interval", options.interval), (interval) => ({
       name: "autoCommit",
       make: (context: PolicyContext) => internal.autoCommit(context, interval)
     }))
@@ -156,16 +157,11 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
   Layer.effect(
     CommitPolicy,
     Effect.gen(function*() {
-      if (!Number.isInteger(options.maxBatch) || options.maxBatch < 1) {
-        return yield* new ConfigError({
-          field: "commitAfter.maxBatch",
-          reason: `must be a positive integer, got ${options.maxBatch}`
-        })
-      }
-      const maxInterval = yield* positiveDuration("commitAfter.maxInterval", options.maxInterval)
+      const maxBatch = yield* config.positiveInt("commitAfter.maxBatch", options.maxBatch)
+      const maxInterval = yield* config.positiveDuration("commitAfter.maxInterval", options.maxInterval)
       return {
         name: "commitAfter",
-        make: (context: PolicyContext) => internal.commitAfter(context, options.maxBatch, maxInterval)
+        make: (context: PolicyContext) => internal.commitAfter(context, maxBatch, maxInterval)
       }
     })
   )
@@ -184,12 +180,3 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
 export const transactional = (
   options: { readonly commitToKafka?: boolean } = {}
 ): Layer.Layer<CommitPolicy, never, OffsetStore> => internal.transactionalLayer(options.commitToKafka ?? false)
-
-const positiveDuration = (field: string, input: Duration.DurationInput) =>
-  Effect.suspend(() => {
-    const decoded = Duration.decodeUnknown(input)
-    if (decoded._tag === "None" || !Duration.isFinite(decoded.value) || Duration.toMillis(decoded.value) <= 0) {
-      return new ConfigError({ field, reason: `must be a positive, finite duration, got ${String(input)}` })
-    }
-    return Effect.succeed(decoded.value)
-  })

@@ -18,6 +18,7 @@ import * as Stream from "effect/Stream"
 import type { CommitPolicy } from "./CommitPolicy.js"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { Driver } from "./Driver.js"
+import * as config from "./internal/config.js"
 import * as runloop from "./internal/runloop.js"
 import { ConfigError } from "./KafkaError.js"
 import type { Transaction } from "./OffsetStore.js"
@@ -72,21 +73,10 @@ export interface Hooks<E = never, R = never> {
 }
 
 const duration = (field: string, input: Duration.DurationInput | undefined, fallback: Duration.Duration) =>
-  Effect.suspend(() => {
-    if (input === undefined) return Effect.succeed(fallback)
-    const decoded = Duration.decodeUnknown(input)
-    if (Option.isNone(decoded) || !Duration.isFinite(decoded.value) || Duration.toMillis(decoded.value) <= 0) {
-      return new ConfigError({ field, reason: `must be a positive, finite duration, got ${String(input)}` })
-    }
-    return Effect.succeed(decoded.value)
-  })
+  input === undefined ? Effect.succeed(fallback) : config.positiveDuration(field, input)
 
 const positiveInt = (field: string, input: number | undefined, fallback: number) =>
-  input === undefined
-    ? Effect.succeed(fallback)
-    : Number.isInteger(input) && input > 0
-    ? Effect.succeed(input)
-    : new ConfigError({ field, reason: `must be a positive integer, got ${input}` })
+  input === undefined ? Effect.succeed(fallback) : config.positiveInt(field, input)
 
 /**
  * Checks a configuration before anything connects; each invalid value fails with a `ConfigError` naming its field.
