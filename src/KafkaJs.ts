@@ -8,6 +8,8 @@
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
+import * as Schedule from "effect/Schedule"
 import { Partitioners } from "kafkajs"
 import type { Message } from "kafkajs"
 import { Driver } from "./Driver.js"
@@ -199,9 +201,32 @@ export const createTopic = (
       () => disconnect(() => admin.disconnect())
     )
     yield* Effect.tryPromise({
-      try: () => admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true }),
+      try: () => admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: false }),
       catch: internal.driverError("createTopic")
     })
+    // kafkajs's own wait for leaders gives up on the UNKNOWN_TOPIC_OR_PARTITION a KRaft broker answers until its
+    // metadata has caught up with the new topic; wait here until every partition has a leader.
+    const ready = Effect.tryPromise({
+      try: () => admin.fetchTopicMetadata({ topics: [topic] }),
+      catch: internal.driverError("createTopic")
+    }).pipe(
+      Effect.map(({ topics }) => {
+        const found = topics.find((t) => t.name === topic)
+        return found !== undefined && found.partitions.length >= partitions &&
+          found.partitions.every((p) => p.leader >= 0)
+      }),
+      Effect.catchAll(() => Effect.succeed(false))
+    )
+    const led = yield* ready.pipe(
+      Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: (ok) => ok }),
+      Effect.timeoutOption("30 seconds")
+    )
+    if (Option.isNone(led)) {
+      return yield* new DriverError({
+        operation: "createTopic",
+        reason: `${topic} was created but its partitions had no leaders within 30 seconds`
+      })
+    }
   }).pipe(Effect.scoped)
 
 const toMessage = (record: ProduceRecord): Message => {

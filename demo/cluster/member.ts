@@ -1,0 +1,150 @@
+/**
+ * One consumer of the cluster lab as a process of its own: it consumes a topic under the chosen commit policy and
+ * counts each record it handles in a Postgres results table, so that a run can tell, after SIGKILLs and restarts,
+ * which records were lost or handled twice.
+ *
+ *   node --import tsx demo/cluster/member.ts --brokers 127.0.0.1:19092 --topic T --group G --policy commitAfter \
+ *     --database-url postgres://postgres@127.0.0.1:5432/test --results-table results [--offsets-table offsets]
+ *
+ * It prints `ready` once it has been assigned partitions, `assigned <topic>-<partition>` and
+ * `revoked <topic>-<partition>` as its assignment changes, and runs until SIGTERM or SIGINT, on which it leaves the
+ * group cleanly: in-flight work finishes and the final positions are committed or stored.
+ */
+import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
+import * as Chunk from "effect/Chunk"
+import * as Console from "effect/Console"
+import * as Data from "effect/Data"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Logger from "effect/Logger"
+import * as LogLevel from "effect/LogLevel"
+import { createInterface } from "node:readline"
+import postgres from "postgres"
+import * as CommitPolicy from "../../src/CommitPolicy.js"
+import * as Consumer from "../../src/Consumer.js"
+import type { ConsumerRecord } from "../../src/ConsumerRecord.js"
+import * as KafkaJs from "../../src/KafkaJs.js"
+import * as PgOffsetStore from "../../src/PgOffsetStore.js"
+import * as TopicPartition from "../../src/TopicPartition.js"
+import { type MemberOptions, parse } from "./options.js"
+import { recordHandled } from "./results.js"
+
+class ResultsWriteFailed extends Data.TaggedError("ResultsWriteFailed")<{ readonly cause: unknown }> {
+  override get message() {
+    return `writing results failed: ${this.cause instanceof Error ? this.cause.message : String(this.cause)}`
+  }
+}
+
+const offsetsOf = (records: Chunk.Chunk<ConsumerRecord>) => Chunk.toReadonlyArray(Chunk.map(records, (r) => r.offset))
+
+const policyLayer = (options: MemberOptions) => {
+  switch (options.policy) {
+    case "atMostOnce":
+      return CommitPolicy.atMostOnce
+    case "autoCommit":
+      return CommitPolicy.autoCommit({ interval: "500 millis" })
+    case "commitAfter":
+      return CommitPolicy.commitAfter({ maxBatch: 200, maxInterval: "500 millis" })
+    case "transactional":
+      return CommitPolicy.transactional().pipe(
+        Layer.provide(PgOffsetStore.layer({ url: options.databaseUrl, table: options.offsetsTable, migrate: true }))
+      )
+  }
+}
+
+/** The handler's time per chunk; the supervisor may change it while the member runs. */
+let handlerMillis = 0
+
+/** Half of the handler's time before its write and half after, so that a kill can land on either side of it. */
+const pace = <R>(write: Effect.Effect<void, ResultsWriteFailed, R>) =>
+  Effect.suspend(() => {
+    const millis = handlerMillis
+    if (millis === 0) return write
+    const half = Math.floor(millis / 2)
+    return Effect.sleep(half).pipe(Effect.zipRight(write), Effect.zipRight(Effect.sleep(millis - half)))
+  })
+
+const member = (options: MemberOptions) =>
+  Effect.gen(function*() {
+    let ready = false
+    const config: Consumer.Config = {
+      groupId: options.groupId,
+      clientId: options.clientId,
+      topics: [options.topic],
+      maxPollRecords: options.maxPollRecords,
+      sessionTimeout: options.sessionTimeoutMillis,
+      rebalanceTimeout: "30 seconds",
+      revokeTimeout: "20 seconds"
+    }
+    const hooks: Consumer.Hooks = {
+      onAssign: (tp) =>
+        Effect.gen(function*() {
+          yield* Console.log(`assigned ${TopicPartition.key(tp)}`)
+          if (!ready) {
+            ready = true
+            yield* Console.log("ready")
+          }
+        }),
+      onRevoke: (tp) => Console.log(`revoked ${TopicPartition.key(tp)}`)
+    }
+    const write = (sql: postgres.Sql | postgres.TransactionSql, records: Chunk.Chunk<ConsumerRecord>, tp: TopicPartition.TopicPartition) =>
+      Effect.tryPromise({
+        try: () => recordHandled(sql, options.resultsTable, tp.topic, tp.partition, offsetsOf(records)),
+        catch: (cause) => new ResultsWriteFailed({ cause })
+      }).pipe(Effect.asVoid)
+
+    if (options.policy === "transactional") {
+      // The results go through the offset store's transaction: they commit with the position, or not at all.
+      return yield* Consumer.run(config, (records, tp) =>
+        pace(
+          Effect.flatMap(
+            Effect.mapError(PgOffsetStore.sql, (cause) => new ResultsWriteFailed({ cause })),
+            (tx) => write(tx, records, tp)
+          )
+        ), hooks).pipe(Effect.provide(policyLayer(options)))
+    }
+    const pool = yield* Effect.acquireRelease(
+      Effect.sync(() => postgres(options.databaseUrl, { max: 4, onnotice: () => {} })),
+      (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.timeoutOption("10 seconds"), Effect.ignore)
+    )
+    return yield* Consumer.run(config, (records, tp) => pace(write(pool, records, tp)), hooks).pipe(
+      Effect.provide(policyLayer(options))
+    )
+  }).pipe(
+    Effect.scoped,
+    Effect.provide(
+      KafkaJs.layer({
+        brokers: options.brokers.split(","),
+        clientId: options.clientId,
+        maxWaitTime: "200 millis",
+        heartbeatInterval: "1 second",
+        logLevel: "error",
+        // A broker that restarts is gone for some seconds: keep trying for about half a minute before giving up.
+        retry: { retries: 10, initialRetryTime: "300 millis", maxRetryTime: "5 seconds" }
+      })
+    )
+  )
+
+/**
+ * The supervisor's pipe. When the process that started this member dies, even by SIGKILL, the pipe closes: leave
+ * too, cleanly if that can be done in time.
+ */
+const listenToSupervisor = Effect.sync(() => {
+  createInterface({ input: process.stdin }).on("line", (line) => {
+    const pace = /^pace (\d+)$/.exec(line.trim())
+    if (pace !== null) handlerMillis = Number(pace[1])
+  })
+  process.stdin.on("end", () => {
+    setTimeout(() => process.exit(2), 30_000).unref()
+    process.kill(process.pid, "SIGTERM")
+  })
+})
+
+const main = Effect.gen(function*() {
+  const options = yield* parse(process.argv.slice(2), process.env)
+  handlerMillis = options.handlerMillis
+  if (options.supervised) yield* listenToSupervisor
+  return yield* member(options)
+}).pipe(Logger.withMinimumLogLevel(LogLevel.Warning))
+
+NodeRuntime.runMain(main)

@@ -1,0 +1,133 @@
+/**
+ * The settings of one cluster member, and how they travel on its command line: `runRealWorkload` writes them with
+ * `toArgs`, the member reads them back with `parse`.
+ */
+import * as Data from "effect/Data"
+import * as Effect from "effect/Effect"
+import { parseArgs } from "node:util"
+
+export type PolicyName = "atMostOnce" | "autoCommit" | "commitAfter" | "transactional"
+
+export const policies: ReadonlyArray<PolicyName> = ["atMostOnce", "autoCommit", "commitAfter", "transactional"]
+
+export interface MemberOptions {
+  readonly brokers: string
+  readonly topic: string
+  readonly groupId: string
+  readonly policy: PolicyName
+  readonly databaseUrl: string
+  /** Where the handler counts each record it handled, keyed by (topic, partition, offset). */
+  readonly resultsTable: string
+  /** The positions of `transactional` (a `PgOffsetStore` table). */
+  readonly offsetsTable: string
+  readonly clientId: string
+  readonly maxPollRecords: number
+  /** Time the handler spends on each chunk, half before its write and half after, as real work would. */
+  readonly handlerMillis: number
+  readonly sessionTimeoutMillis: number
+  /**
+   * Standard input is the supervisor's pipe: a line `pace <millis>` changes the handler's time, and the end of input
+   * means the supervisor is gone, so the member leaves.
+   */
+  readonly supervised: boolean
+}
+
+export class MemberConfigError extends Data.TaggedError("MemberConfigError")<{ readonly message: string }> {}
+
+const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/
+
+const usage = "usage: member.ts --brokers host:port --topic T --group G " +
+  "--policy atMostOnce|autoCommit|commitAfter|transactional --database-url URL --results-table NAME " +
+  "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
+  "[--session-timeout-millis MS] [--supervised] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
+
+/** Reads the member's settings from its arguments, with `KAFKA_BROKERS` and `DATABASE_URL` as fallbacks. */
+export const parse = (
+  argv: ReadonlyArray<string>,
+  env: Readonly<Record<string, string | undefined>>
+): Effect.Effect<MemberOptions, MemberConfigError> =>
+  Effect.gen(function*() {
+    const parsed = yield* Effect.try({
+      try: () =>
+        parseArgs({
+          args: [...argv],
+          strict: true,
+          options: {
+            brokers: { type: "string" },
+            topic: { type: "string" },
+            group: { type: "string" },
+            policy: { type: "string" },
+            "database-url": { type: "string" },
+            "results-table": { type: "string" },
+            "offsets-table": { type: "string" },
+            "client-id": { type: "string" },
+            "max-poll-records": { type: "string" },
+            "handler-millis": { type: "string" },
+            "session-timeout-millis": { type: "string" },
+            supervised: { type: "boolean" }
+          }
+        }).values,
+      catch: (error) => new MemberConfigError({ message: `${String(error)}\n${usage}` })
+    })
+    const required = (name: string, value: string | undefined) =>
+      value === undefined || value.trim() === ""
+        ? Effect.fail(new MemberConfigError({ message: `--${name} is required\n${usage}` }))
+        : Effect.succeed(value.trim())
+    const identifier = (name: string, value: string) =>
+      IDENTIFIER.test(value)
+        ? Effect.succeed(value)
+        : Effect.fail(new MemberConfigError({ message: `--${name} must be a plain SQL identifier, got "${value}"` }))
+    const integer = (name: string, value: string | undefined, fallback: number, min: number) => {
+      if (value === undefined) return Effect.succeed(fallback)
+      const n = Number(value)
+      return Number.isInteger(n) && n >= min
+        ? Effect.succeed(n)
+        : Effect.fail(new MemberConfigError({ message: `--${name} must be an integer >= ${min}, got "${value}"` }))
+    }
+    const policy = yield* required("policy", parsed.policy)
+    if (!policies.includes(policy as PolicyName)) {
+      return yield* new MemberConfigError({ message: `--policy must be one of ${policies.join(", ")}, got "${policy}"` })
+    }
+    const groupId = yield* required("group", parsed.group)
+    return {
+      brokers: yield* required("brokers", parsed.brokers ?? env.KAFKA_BROKERS),
+      topic: yield* required("topic", parsed.topic),
+      groupId,
+      policy: policy as PolicyName,
+      databaseUrl: yield* required("database-url", parsed["database-url"] ?? env.DATABASE_URL),
+      resultsTable: yield* identifier("results-table", yield* required("results-table", parsed["results-table"])),
+      offsetsTable: yield* identifier("offsets-table", parsed["offsets-table"] ?? "kafka_offsets"),
+      clientId: parsed["client-id"] ?? groupId,
+      maxPollRecords: yield* integer("max-poll-records", parsed["max-poll-records"], 50, 1),
+      handlerMillis: yield* integer("handler-millis", parsed["handler-millis"], 0, 0),
+      sessionTimeoutMillis: yield* integer("session-timeout-millis", parsed["session-timeout-millis"], 6000, 1),
+      supervised: parsed.supervised ?? false
+    }
+  })
+
+/** The command line that `parse` reads back into the same options. */
+export const toArgs = (options: MemberOptions): Array<string> => [
+  "--brokers",
+  options.brokers,
+  "--topic",
+  options.topic,
+  "--group",
+  options.groupId,
+  "--policy",
+  options.policy,
+  "--database-url",
+  options.databaseUrl,
+  "--results-table",
+  options.resultsTable,
+  "--offsets-table",
+  options.offsetsTable,
+  "--client-id",
+  options.clientId,
+  "--max-poll-records",
+  String(options.maxPollRecords),
+  "--handler-millis",
+  String(options.handlerMillis),
+  "--session-timeout-millis",
+  String(options.sessionTimeoutMillis),
+  ...(options.supervised ? ["--supervised"] : [])
+]

@@ -1,0 +1,444 @@
+/**
+ * The semantics lab against a real broker, with real processes: consumer members run as child processes
+ * (`member.ts`), are killed with SIGKILL at random moments while records flow and restarted, and every record's
+ * handling is counted in Postgres. At the end the count says, record by record, what each policy lost or duplicated.
+ * `CLUSTER_VERBOSE=1` copies the members' output to standard error.
+ */
+import { type ChildProcess, spawn } from "node:child_process"
+import * as path from "node:path"
+import { createInterface } from "node:readline"
+import { fileURLToPath } from "node:url"
+import * as Data from "effect/Data"
+import * as Deferred from "effect/Deferred"
+import type * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
+import * as Option from "effect/Option"
+import * as Schedule from "effect/Schedule"
+import { Kafka, logLevel } from "kafkajs"
+import postgres from "postgres"
+import * as KafkaJs from "../../src/KafkaJs.js"
+import * as PgOffsetStore from "../../src/PgOffsetStore.js"
+import { type Outcome, random } from "../lab.js"
+import { type MemberOptions, type PolicyName, toArgs } from "./options.js"
+import { createResultsTable, dropTable, handledCount, tallyByPartition } from "./results.js"
+
+export interface RealWorkload {
+  readonly policy: "atMostOnce" | "autoCommit" | "commitAfter" | "transactional"
+  readonly records: number
+  readonly partitions: number
+  readonly consumers: number
+  /** SIGKILLs to deliver while records flow; each killed member is restarted at once. */
+  readonly kills: number
+  readonly seed: number
+  readonly brokers: string
+  readonly databaseUrl: string
+  /** Two more members join (at a quarter and half of the records) and one leaves again (at three quarters). */
+  readonly rebalances?: boolean
+  readonly onProgress?: (p: { readonly results: number; readonly kills: number }) => void
+  /**
+   * Time a member's handler spends on each chunk, for the whole run. Default: paced so that records still flow for
+   * every kill and move, then at full speed.
+   */
+  readonly handlerMillis?: number
+  /** Default 20. */
+  readonly maxPollRecords?: number
+  /** Default 6 seconds, the broker's smallest by default. */
+  readonly sessionTimeoutMillis?: number
+  /** How long the whole run may take before it fails. Default 10 minutes. */
+  readonly deadlineMillis?: number
+}
+
+export interface RealOutcome extends Outcome {
+  /** Members that exited without being killed or stopped (a lost broker, say), and were restarted. */
+  readonly unexpectedExits: number
+  readonly handlerMillis: number
+}
+
+export class ClusterRunError extends Data.TaggedError("ClusterRunError")<{ readonly message: string }> {}
+
+const memberScript = fileURLToPath(new URL("./member.ts", import.meta.url))
+const projectDir = path.resolve(path.dirname(memberScript), "../..")
+
+// ---------------------------------------------------------------------------------------------------------------------
+// member processes
+// ---------------------------------------------------------------------------------------------------------------------
+
+/** Every member process this process started and that still runs; killed when this process exits. */
+const everyChild = new Set<ChildProcess>()
+let exitHookInstalled = false
+
+const installExitHook = () => {
+  if (exitHookInstalled) return
+  exitHookInstalled = true
+  process.once("exit", () => {
+    for (const child of everyChild) child.kill("SIGKILL")
+  })
+}
+
+interface Member {
+  readonly name: string
+  readonly child: ChildProcess
+  /** Partitions the member announced as assigned and not yet revoked. */
+  readonly owned: Set<string>
+  killed: boolean
+  stopping: boolean
+  readonly exited: Deferred.Deferred<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
+  /** The last lines the process wrote, for the error message when it fails. */
+  readonly tail: Array<string>
+}
+
+const remember = (tail: Array<string>, line: string) => {
+  tail.push(line)
+  if (tail.length > 40) tail.shift()
+}
+
+const startMember = (name: string, options: MemberOptions, running: Set<Member>): Effect.Effect<Member> =>
+  Effect.gen(function*() {
+    installExitHook()
+    const exited = yield* Deferred.make<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>()
+    const child = spawn(process.execPath, ["--import", "tsx", memberScript, ...toArgs(options)], {
+      cwd: projectDir,
+      // The member leaves when this pipe closes, so that it cannot outlive this process.
+      stdio: ["pipe", "pipe", "pipe"],
+      env: { ...process.env, KAFKAJS_NO_PARTITIONER_WARNING: "1" }
+    })
+    const member: Member = { name, child, owned: new Set(), killed: false, stopping: false, exited, tail: [] }
+    everyChild.add(child)
+    running.add(member)
+    const verbose = process.env.CLUSTER_VERBOSE === "1"
+    createInterface({ input: child.stdout! }).on("line", (line) => {
+      if (line.startsWith("assigned ")) member.owned.add(line.slice("assigned ".length))
+      else if (line.startsWith("revoked ")) member.owned.delete(line.slice("revoked ".length))
+      else if (line !== "ready") remember(member.tail, line)
+      if (verbose) process.stderr.write(`[${name} ${child.pid}] ${line}\n`)
+    })
+    createInterface({ input: child.stderr! }).on("line", (line) => {
+      remember(member.tail, line)
+      if (verbose) process.stderr.write(`[${name} ${child.pid}] ${line}\n`)
+    })
+    child.stdin!.on("error", () => {})
+    const done = (code: number | null, signal: NodeJS.Signals | null) => {
+      everyChild.delete(child)
+      running.delete(member)
+      member.owned.clear()
+      Deferred.unsafeDone(exited, Effect.succeed({ code, signal }))
+    }
+    child.once("exit", done)
+    child.once("error", (error) => {
+      remember(member.tail, `spawn failed: ${error.message}`)
+      done(-1, null)
+    })
+    return member
+  })
+
+const signal = (member: Member, signal: NodeJS.Signals) =>
+  Effect.sync(() => {
+    if (member.child.exitCode === null && member.child.signalCode === null) member.child.kill(signal)
+  })
+
+/** SIGTERM, then SIGKILL if the member has not left within the deadline. */
+const stopMember = (member: Member, deadline: Duration.DurationInput) =>
+  Effect.gen(function*() {
+    member.stopping = true
+    yield* signal(member, "SIGTERM")
+    const left = yield* Deferred.await(member.exited).pipe(Effect.timeoutOption(deadline))
+    if (Option.isNone(left)) {
+      yield* Effect.logWarning(`member ${member.name} did not leave within ${deadline} of SIGTERM; killing it`)
+      yield* signal(member, "SIGKILL")
+      yield* Deferred.await(member.exited).pipe(Effect.timeoutOption("10 seconds"))
+    }
+  })
+
+// ---------------------------------------------------------------------------------------------------------------------
+// the run
+// ---------------------------------------------------------------------------------------------------------------------
+
+const validate = (workload: RealWorkload) =>
+  Effect.gen(function*() {
+    const positive = (field: string, value: number, min = 1) =>
+      Number.isInteger(value) && value >= min
+        ? Effect.void
+        : Effect.fail(new ClusterRunError({ message: `${field} must be an integer >= ${min}, got ${value}` }))
+    yield* positive("records", workload.records)
+    yield* positive("partitions", workload.partitions)
+    yield* positive("consumers", workload.consumers)
+    yield* positive("kills", workload.kills, 0)
+    if (workload.handlerMillis !== undefined) yield* positive("handlerMillis", workload.handlerMillis, 0)
+    yield* KafkaJs.parseBrokers(workload.brokers)
+  })
+
+const tryPromise = <A>(what: string, f: () => Promise<A>) =>
+  Effect.tryPromise({
+    try: f,
+    catch: (cause) =>
+      new ClusterRunError({ message: `${what} failed: ${cause instanceof Error ? cause.message : String(cause)}` })
+  })
+
+/**
+ * Runs the workload to the end and counts what the handlers did: every partition's position (Kafka's committed
+ * offset, or the Postgres offsets table under `transactional`) reaches the end of the topic, then the members stop
+ * cleanly. The topic, the group and the tables are removed afterwards; no member process outlives the run.
+ */
+export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutcome, unknown> =>
+  Effect.scoped(Effect.gen(function*() {
+    yield* validate(workload)
+    const rng = random(workload.seed)
+    const id = `${Date.now().toString(36)}_${Math.floor(rng() * 2 ** 32).toString(36)}_${process.pid}`
+    const topic = `cluster-${workload.policy}-${id}`
+    const groupId = `${topic}-group`
+    const resultsTable = `cluster_results_${id}`
+    const offsetsTable = `cluster_offsets_${id}`
+    const maxPollRecords = workload.maxPollRecords ?? 20
+    const chunksPerPartition = Math.max(1, Math.ceil(workload.records / workload.partitions / maxPollRecords))
+    // Records must outlast the kills: each kill needs about a second and a half of flow, besides the rebalance
+    // stalls, which are not counted here since nothing flows then.
+    const flowMillis = 5_000 + workload.kills * 1_500 + (workload.rebalances === true ? 20_000 : 0)
+    const handlerMillis = workload.handlerMillis ?? Math.min(1_000, Math.round(flowMillis / chunksPerPartition))
+
+    const sql = yield* Effect.acquireRelease(
+      Effect.sync(() => postgres(workload.databaseUrl, { max: 2, onnotice: () => {} })),
+      (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.timeoutOption("10 seconds"), Effect.ignore)
+    )
+    yield* Effect.acquireRelease(
+      tryPromise(`creating the results table in ${workload.databaseUrl}`, () => createResultsTable(sql, resultsTable)),
+      () =>
+        tryPromise("dropping the tables", async () => {
+          await dropTable(sql, resultsTable)
+          await dropTable(sql, offsetsTable)
+        }).pipe(Effect.timeoutOption("10 seconds"), Effect.ignore)
+    )
+    if (workload.policy === "transactional") {
+      yield* PgOffsetStore.migrate({ url: workload.databaseUrl, table: offsetsTable })
+    }
+
+    const brokers = Array.from(yield* KafkaJs.parseBrokers(workload.brokers))
+    const admin = new Kafka({ clientId: "cluster-lab", brokers, logLevel: logLevel.NOTHING }).admin()
+    yield* Effect.acquireRelease(
+      tryPromise(`connecting to Kafka at ${workload.brokers}`, () => admin.connect()),
+      () =>
+        Effect.gen(function*() {
+          yield* tryPromise("deleting the group", () => admin.deleteGroups([groupId])).pipe(Effect.ignore)
+          yield* tryPromise("deleting the topic", () => admin.deleteTopics({ topics: [topic] })).pipe(Effect.ignore)
+          yield* tryPromise("disconnecting", () => admin.disconnect()).pipe(Effect.ignore)
+        }).pipe(Effect.timeoutOption("20 seconds"))
+    )
+    yield* KafkaJs.createTopic(workload.brokers, topic, workload.partitions)
+    yield* KafkaJs.produce(
+      workload.brokers,
+      topic,
+      Array.from({ length: workload.records }, (_, i) => ({ partition: i % workload.partitions, value: String(i) }))
+    )
+    const end = yield* KafkaJs.endOffsets(workload.brokers, topic)
+
+    const positions: Effect.Effect<ReadonlyMap<number, bigint>, ClusterRunError> = workload.policy === "transactional"
+      ? tryPromise("reading stored positions", async () => {
+        const rows = await sql.unsafe(
+          `select partition, next_offset::text as next from "${offsetsTable}" where group_id = $1 and topic = $2`,
+          [groupId, topic]
+        )
+        return new Map(rows.map((row) => [Number(row.partition), BigInt(row.next)] as const))
+      })
+      : tryPromise("reading committed offsets", async () => {
+        const response = await admin.fetchOffsets({ groupId, topics: [topic] })
+        const out = new Map<number, bigint>()
+        for (const t of response) for (const p of t.partitions) out.set(p.partition, BigInt(p.offset))
+        return out
+      })
+    // A broker that is starting or restarting answers with errors for a while; the run's deadline bounds the wait.
+    const atEnd = positions.pipe(
+      Effect.map((ps) => Array.from(end).every(([p, e]) => (ps.get(p) ?? -1n) >= e)),
+      Effect.catchAll((error) => Effect.as(Effect.logDebug(error.message), false))
+    )
+
+    const memberOptions = (name: string): MemberOptions => ({
+      brokers: workload.brokers,
+      topic,
+      groupId,
+      policy: workload.policy as PolicyName,
+      databaseUrl: workload.databaseUrl,
+      resultsTable,
+      offsetsTable,
+      clientId: `${workload.policy}-${name}`,
+      maxPollRecords,
+      handlerMillis: disturbancesLeft > 0 ? handlerMillis : 0,
+      sessionTimeoutMillis: workload.sessionTimeoutMillis ?? 6_000,
+      supervised: true
+    })
+
+    let kills = 0
+    let rebalances = 0
+    // The handlers are paced while kills or moves remain, then the rest of the records go at full speed.
+    // A pace given by the caller holds for the whole run.
+    let disturbancesLeft = (workload.kills > 0 ? 1 : 0) + (workload.rebalances === true ? 1 : 0) +
+      (workload.handlerMillis === undefined ? 0 : 1)
+    const disturbed = Effect.sync(() => {
+      disturbancesLeft--
+      if (disturbancesLeft > 0) return
+      for (const member of current.values()) member.child.stdin?.write("pace 0\n")
+    })
+
+    // Slots: each keeps one member process running, restarting it when it is killed or dies, until stopped.
+    const current = new Map<string, Member>()
+    const running = new Set<Member>()
+    const stopped = new Set<string>()
+    const failure = yield* Deferred.make<never, ClusterRunError>()
+    let unexpectedExits = 0
+    let fenced = 0
+    yield* Effect.addFinalizer(() =>
+      Effect.forEach(Array.from(running), (m) =>
+        signal(m, "SIGKILL").pipe(Effect.zipRight(Deferred.await(m.exited).pipe(Effect.timeoutOption("10 seconds")))), {
+        discard: true,
+        concurrency: "unbounded"
+      })
+    )
+
+    const slot = (name: string) =>
+      Effect.gen(function*() {
+        while (!stopped.has(name)) {
+          const member = yield* startMember(name, memberOptions(name), running)
+          current.set(name, member)
+          const exit = yield* Deferred.await(member.exited)
+          current.delete(name)
+          if (member.stopping || member.killed) continue
+          // A zombie refused by the offset store ends with `Fenced`; like any member that stops, it is restarted.
+          if (member.tail.some((line) => line.includes("Fenced"))) {
+            fenced++
+            continue
+          }
+          unexpectedExits++
+          const detail = `member ${name} exited on its own (code ${exit.code}, signal ${exit.signal}):\n  ` +
+            member.tail.join("\n  ")
+          if (unexpectedExits > 10 + workload.kills) {
+            return yield* Deferred.fail(failure, new ClusterRunError({ message: `too many unexpected exits; last: ${detail}` }))
+          }
+          yield* Effect.logWarning(detail)
+          // A member that cannot start must not be restarted in a tight loop.
+          yield* Effect.sleep("1 second")
+        }
+      }).pipe(Effect.asVoid)
+    const slots = new Map<string, Fiber.RuntimeFiber<void>>()
+    const startSlot = (name: string) => Effect.map(Effect.forkScoped(slot(name)), (fiber) => void slots.set(name, fiber))
+    const stopSlot = (name: string) =>
+      Effect.gen(function*() {
+        stopped.add(name)
+        const member = current.get(name)
+        if (member !== undefined) yield* stopMember(member, "60 seconds")
+        const fiber = slots.get(name)
+        if (fiber !== undefined) yield* Fiber.interrupt(fiber)
+      })
+
+    const startedAt = Date.now()
+    for (let i = 1; i <= workload.consumers; i++) yield* startSlot(`member-${i}`)
+
+    let handled = 0
+    const reporter = Effect.gen(function*() {
+      handled = yield* tryPromise("reading progress", () => handledCount(sql, resultsTable, topic))
+      workload.onProgress?.({ results: handled, kills })
+    }).pipe(Effect.repeat(Schedule.spaced("250 millis")))
+    yield* Effect.forkScoped(reporter.pipe(Effect.catchAll((e) => Deferred.fail(failure, e))))
+
+    const waitFor = (what: string, condition: () => boolean, deadline: Duration.DurationInput) =>
+      Effect.sync(condition).pipe(
+        Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: (ok) => ok }),
+        Effect.timeoutFail({
+          duration: deadline,
+          onTimeout: () => new ClusterRunError({ message: `timed out after ${deadline} waiting for ${what}` })
+        })
+      )
+
+    // Kills at random moments, only while records flow and only members that own partitions at that moment.
+    const killer = Effect.gen(function*() {
+      let handledAtLastKill = 0
+      while (kills < workload.kills) {
+        yield* Effect.sleep(300 + Math.floor(rng() * 2_200))
+        yield* waitFor(
+          "records to flow before the next kill",
+          () =>
+            handled > handledAtLastKill &&
+            Array.from(current.values()).some((m) => m.owned.size > 0 && !m.killed && !m.stopping),
+          "120 seconds"
+        )
+        const candidates = Array.from(current.values()).filter((m) => m.owned.size > 0 && !m.killed && !m.stopping)
+        const victim = candidates[Math.floor(rng() * candidates.length)]
+        if (victim === undefined) continue
+        victim.killed = true
+        yield* signal(victim, "SIGKILL")
+        kills++
+        handledAtLastKill = handled
+      }
+      if (workload.kills > 0) yield* disturbed
+    })
+    const killerFiber = yield* Effect.forkScoped(killer.pipe(Effect.catchAll((e) => Deferred.fail(failure, e))))
+
+    let leaving = false
+    // Members join at a quarter and at half of the records; the first of them leaves again at three quarters.
+    const mover = Effect.gen(function*() {
+      const share = (n: number) => Math.floor((workload.records * n) / 4)
+      yield* waitFor("a quarter of the records", () => handled >= share(1), "10 minutes")
+      rebalances++
+      yield* startSlot("extra-1")
+      yield* waitFor("half of the records", () => handled >= share(2), "10 minutes")
+      rebalances++
+      yield* startSlot("extra-2")
+      yield* waitFor("three quarters of the records", () => handled >= share(3), "10 minutes")
+      rebalances++
+      leaving = true
+      yield* stopSlot("extra-1")
+      leaving = false
+      yield* disturbed
+    })
+    const moverFiber = workload.rebalances === true
+      ? Option.some(yield* Effect.forkScoped(mover.pipe(Effect.catchAll((e) => Deferred.fail(failure, e)))))
+      : Option.none()
+
+    const deadline = workload.deadlineMillis ?? 600_000
+    const finished = atEnd.pipe(
+      Effect.repeat({ schedule: Schedule.spaced("250 millis"), until: (ok) => ok }),
+      Effect.timeoutFail({
+        duration: deadline,
+        onTimeout: () =>
+          new ClusterRunError({
+            message: `the group did not reach the end of ${topic} within ${deadline} ms (${handled} of ` +
+              `${workload.records} records handled, ${kills} kills)`
+          })
+      })
+    )
+    yield* Effect.raceFirst(finished, Deferred.await(failure))
+    yield* Fiber.interrupt(killerFiber)
+    if (Option.isSome(moverFiber)) {
+      // A leave that has begun is let finish, so that the member leaves cleanly.
+      if (leaving) yield* Fiber.await(moverFiber.value).pipe(Effect.timeoutOption("90 seconds"))
+      yield* Fiber.interrupt(moverFiber.value)
+    }
+    // Leaving cleanly: every member finishes its in-flight work and commits or stores its final positions.
+    yield* Effect.forEach(Array.from(slots.keys()), stopSlot, { concurrency: "unbounded", discard: true })
+    const elapsedMillis = Date.now() - startedAt
+
+    const tally = yield* tryPromise("reading the results", () => tallyByPartition(sql, resultsTable, topic))
+    let lost = 0
+    let duplicated = 0
+    let delivered = 0
+    for (const [partition, e] of end) {
+      const t = tally.find((x) => x.partition === partition)
+      lost += Number(e) - (t?.handled ?? 0)
+      duplicated += (t?.deliveries ?? 0) - (t?.handled ?? 0)
+      delivered += t?.deliveries ?? 0
+    }
+    workload.onProgress?.({ results: handled, kills })
+    return {
+      policy: workload.policy,
+      produced: workload.records,
+      delivered,
+      lost,
+      duplicated,
+      crashes: kills,
+      rebalances,
+      // kafkajs does not expose the group generation (its admin API does not return it).
+      generation: 0,
+      fenced,
+      elapsedMillis,
+      unexpectedExits,
+      handlerMillis
+    } satisfies RealOutcome
+  }))
