@@ -6,6 +6,7 @@
  * @since 0.1.0
  */
 import * as Config from "effect/Config"
+import * as EffectConfigError from "effect/ConfigError"
 import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
@@ -378,7 +379,9 @@ export const layerConfig = (
       Effect.mapError((error) =>
         new ConfigError({
           field: "DATABASE_URL",
-          reason: `${error.message}; set it to a Postgres URL such as postgres://postgres@127.0.0.1:5432/test`
+          reason: `${
+            EffectConfigError.isMissingDataOnly(error) ? "is not set" : "cannot be read"
+          }; set it to a Postgres URL such as postgres://postgres@127.0.0.1:5432/test`
         })
       ),
       Effect.map((url) => layer({ ...options, url }))

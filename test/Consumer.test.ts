@@ -246,6 +246,27 @@ describe("Consumer", () => {
       assert.strictEqual(all.length, 400)
     })))
 
+  it.effect("a member that crashes while it leaves stops at once: nothing of its final commit lands", () =>
+    withKafka(Effect.gen(function*() {
+      yield* produce("leaving", 2, 30)
+      let leaving = false
+      let handled = 0
+      const fiber = yield* Consumer.run({ groupId: "g", topics: ["leaving"], maxPollRecords: 10 }, (records) =>
+        Effect.sync(() => (handled += Chunk.size(records)))).pipe(
+          Effect.provide(Layer.merge(
+            CommitPolicy.commitAfter({ maxBatch: 1_000, maxInterval: "1 hour" }),
+            InMemoryKafka.layerFaults((point) => leaving && point === "beforeCommit")
+          )),
+          Effect.fork
+        )
+      yield* settled("all handled", Effect.sync(() => handled === 60))
+      // The clean leave revokes and commits; the member dies right before that commit. No deadline has to pass
+      // (the TestClock never moves here): the shutdown ends as soon as the crash happens.
+      leaving = true
+      yield* Fiber.interrupt(fiber)
+      assert.strictEqual((yield* InMemoryKafka.committed("g")).positions.size, 0)
+    })))
+
   it.effect("partitions is a stream of per-partition streams that end on revoke", () =>
     withKafka(Effect.gen(function*() {
       yield* produce("streams", 2, 20)

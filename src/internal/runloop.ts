@@ -272,15 +272,26 @@ export const run = <E, R, EH, RH>(
 
     // Leaving cleanly revokes everything owned first, so the last positions are committed or stored. A crashed
     // member does nothing of the sort: its workers just stop, as they would with the process.
+    // A crash during that revoke ends it at once (what the crashed member would still do never lands anyway).
+    const stopWorkers = Effect.forEach(
+      owned.values(),
+      (s) => s.worker === undefined ? Effect.void : Fiber.interrupt(s.worker),
+      { discard: true }
+    )
     yield* Effect.addFinalizer(() =>
-      crashed
-        ? Effect.forEach(owned.values(), (s) => s.worker === undefined ? Effect.void : Fiber.interrupt(s.worker), {
-          discard: true
-        })
-        : Effect.interruptible(revoke(Array.from(owned.values(), (s) => s.tp))).pipe(
-        Effect.timeoutOption(Duration.sum(config.revokeTimeout, Duration.seconds(5))),
-        Effect.catchAllCause((cause) => Effect.logWarning("revoke on shutdown failed", cause))
-      )
+      crashed ? stopWorkers : Effect.raceFirst(
+        Effect.interruptible(revoke(Array.from(owned.values(), (s) => s.tp))).pipe(
+          Effect.timeoutOption(Duration.sum(config.revokeTimeout, Duration.seconds(5))),
+          Effect.catchAllCause((cause) =>
+            Cause.isDie(cause) && Chunk.some(Cause.defects(cause), (d) => d instanceof Crashed)
+              ? Effect.void
+              : Effect.logWarning("revoke on shutdown failed", cause)
+          )
+        ),
+        // Finalizers run uninterruptibly: the losing side of the race must be interruptible, or the race would wait
+        // for a crash that never comes.
+        Effect.interruptible(Deferred.await(crashSignal))
+      ).pipe(Effect.zipRight(Effect.suspend(() => crashed ? stopWorkers : Effect.void)))
     )
 
     const loop = guard(session.poll).pipe(

@@ -1,0 +1,347 @@
+/**
+ * The semantics lab's command line: which workload, which policies, which store, and where (the in-memory broker, or
+ * a real one with `--brokers`).
+ */
+import * as Command from "@effect/cli/Command"
+import * as HelpDoc from "@effect/cli/HelpDoc"
+import * as Options from "@effect/cli/Options"
+import * as ValidationError from "@effect/cli/ValidationError"
+import type * as FileSystem from "@effect/platform/FileSystem"
+import * as Clock from "effect/Clock"
+import * as Console from "effect/Console"
+import * as Data from "effect/Data"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import type { Outcome, PolicyName, Workload } from "./lab.js"
+import { explanations, progressLine, recordsPerSecond, table } from "./report.js"
+import { describeStore, runInMemory, type Store } from "./stores.js"
+
+const allPolicies: ReadonlyArray<PolicyName> = ["atMostOnce", "autoCommit", "commitAfter", "transactional"]
+
+/** A combination of options that cannot run; the message names the options. */
+export class UsageError extends Data.TaggedError("UsageError")<{ readonly message: string }> {}
+
+/** A run whose stored positions stopped moving. */
+export class Stalled extends Data.TaggedError("Stalled")<{ readonly message: string }> {}
+
+const stallLimit = Duration.minutes(2)
+
+/** Fails the run when `progressAt` (when the run last moved on) is older than the limit, rather than hang. */
+const watched = <A, E, R>(policy: PolicyName, run: Effect.Effect<A, E, R>, progressAt: () => number) =>
+  Effect.raceFirst(
+    run,
+    Effect.gen(function*() {
+      while (true) {
+        yield* Effect.sleep("1 second")
+        if ((yield* Clock.currentTimeMillis) - progressAt() > Duration.toMillis(stallLimit)) {
+          return yield* new Stalled({
+            message: `${policy} made no progress for ${Duration.format(stallLimit)}: the run is stuck; ` +
+              "please report it with the options used"
+          })
+        }
+      }
+    })
+  )
+
+const count = (n: number) => n.toLocaleString("en-US")
+
+const invalid = (message: string) => Effect.fail(ValidationError.invalidValue(HelpDoc.p(message)))
+
+// Numbers are read as text and parsed here, so that a malformed value is reported with the option's name.
+const number = (name: string, kind: "integer" | "number", text: string) => {
+  const n = kind === "integer" ? (/^-?\d+$/.test(text.trim()) ? Number(text) : NaN) : Number(text)
+  return text.trim() === "" || !Number.isFinite(n)
+    ? invalid(`--${name} must be ${kind === "integer" ? "an integer" : "a number"}, got ${JSON.stringify(text)}`)
+    : Effect.succeed(n)
+}
+
+const integer = (name: string, fallback: number, min: number, max: number, description: string) =>
+  Options.text(name).pipe(
+    Options.withPseudoName("integer"),
+    Options.withDefault(String(fallback)),
+    Options.mapEffect((text) =>
+      Effect.flatMap(number(name, "integer", text), (n) =>
+        n >= min && n <= max
+          ? Effect.succeed(n)
+          : invalid(`--${name} must be between ${count(min)} and ${count(max)}, got ${count(n)}`))
+    ),
+    Options.withDescription(`${description} Default ${count(fallback)}.`)
+  )
+
+const records = integer("records", 20_000, 1, 10_000_000, "Records produced, then consumed under each policy.")
+const partitions = integer("partitions", 6, 1, 1_000, "Partitions of the topic.")
+const consumers = integer(
+  "consumers",
+  3,
+  1,
+  100,
+  "Members of the group at the start; two more join at a quarter and a half of the records, one leaves at three " +
+    "quarters."
+)
+const handlerMillis = integer(
+  "handler-millis",
+  1,
+  0,
+  10_000,
+  "Time the handler spends on each chunk, as I/O would. With 0, handling keeps pace with fetching and autoCommit " +
+    "loses little."
+)
+const seed = integer(
+  "seed",
+  1,
+  -2_147_483_648,
+  2_147_483_647,
+  "Seed of the crash decisions. The same seed gives the same decisions; which unit of work meets each one depends on " +
+    "scheduling, so counts can differ a little between runtimes, and for autoCommit (a timer) between runs."
+)
+
+const crashRate = Options.text("crash-rate").pipe(
+  Options.withPseudoName("number"),
+  Options.withDefault("0.02"),
+  Options.mapEffect((text) =>
+    Effect.flatMap(number("crash-rate", "number", text), (rate) =>
+      rate >= 0 && rate <= 1 ? Effect.succeed(rate) : invalid(`--crash-rate must be between 0 and 1, got ${rate}`))
+  ),
+  Options.withDescription(
+    "Chance that a member dies at each point of a unit of work where a crash can fall (before and after the " +
+      "handler, before and after the commit). A crashed member is started again at once. Default 0.02."
+  )
+)
+
+const maxCrashes = Options.text("max-crashes").pipe(
+  Options.withPseudoName("integer"),
+  Options.mapEffect((text) =>
+    Effect.flatMap(number("max-crashes", "integer", text), (n) =>
+      n >= 0 ? Effect.succeed(n) : invalid(`--max-crashes must be 0 or more, got ${n}`))
+  ),
+  Options.optional,
+  Options.withDescription("Most crashes per policy. Default 60 in memory, 3 (members killed) with --brokers.")
+)
+
+const policies = Options.text("policies").pipe(
+  Options.withPseudoName("name,name"),
+  Options.withDefault(allPolicies.join(",")),
+  Options.mapEffect((text) => {
+    const names = [...new Set(text.split(",").map((s) => s.trim()).filter((s) => s.length > 0))]
+    const unknown = names.filter((n) => !allPolicies.includes(n as PolicyName))
+    if (names.length === 0 || unknown.length > 0) {
+      return invalid(
+        `--policies takes a comma-separated list of ${allPolicies.join(", ")}; ${
+          names.length === 0 ? "got none" : `unknown: ${unknown.join(", ")}`
+        }`
+      )
+    }
+    return Effect.succeed(names as ReadonlyArray<PolicyName>)
+  }),
+  Options.withDescription("Which policies to run, comma-separated, in that order. Default: all four.")
+)
+
+const json = Options.boolean("json").pipe(
+  Options.withDescription("Print only the results, as JSON, with no progress and no explanations.")
+)
+
+const store = Options.text("store").pipe(
+  Options.withPseudoName("memory|file:<dir>"),
+  Options.withDefault("memory"),
+  Options.mapEffect((text): Effect.Effect<Store, ValidationError.ValidationError> => {
+    if (text === "memory") return Effect.succeed({ _tag: "Memory" })
+    if (text.startsWith("file:") && text.length > "file:".length) {
+      return Effect.succeed({ _tag: "File", directory: text.slice("file:".length) })
+    }
+    return invalid(`--store takes memory or file:<directory>, got ${JSON.stringify(text)}`)
+  }),
+  Options.withDescription(
+    "Offset store of transactional: memory, or file:<directory> (one file per committed unit, results inside). " +
+      "Default memory."
+  )
+)
+
+const databaseUrl = Options.text("database-url").pipe(
+  Options.withPseudoName("postgres://..."),
+  Options.mapEffect((url) =>
+    /^postgres(ql)?:\/\/\S+$/.test(url)
+      ? Effect.succeed(url)
+      : invalid(`--database-url must be a URL such as postgres://postgres@127.0.0.1:5432/test, got ${url}`)
+  ),
+  Options.optional,
+  Options.withDescription(
+    "Postgres for transactional: positions in lab_offsets, results written in the same transaction into lab_results. " +
+      "With --brokers, where every policy's handled records are counted (default: DATABASE_URL, else " +
+      "postgres://postgres@127.0.0.1:5432/test)."
+  )
+)
+
+const brokers = Options.text("brokers").pipe(
+  Options.withPseudoName("host:port,..."),
+  Options.mapEffect((text) => {
+    const list = text.split(",").map((s) => s.trim())
+    const bad = list.find((b) => {
+      const match = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(b)
+      return match === null || Number(match[2]) < 1 || Number(match[2]) > 65_535
+    })
+    return bad === undefined
+      ? Effect.succeed(list.join(","))
+      : invalid(`--brokers takes host:port[,host:port...], got ${JSON.stringify(bad)}`)
+  }),
+  Options.optional,
+  Options.withDescription(
+    "Run against a real Kafka cluster instead of the in-memory broker: members are processes, killed and restarted."
+  )
+)
+
+const options = {
+  records,
+  partitions,
+  consumers,
+  crashRate,
+  maxCrashes,
+  seed,
+  handlerMillis,
+  policies,
+  json,
+  store,
+  databaseUrl,
+  brokers
+}
+
+type Args = Command.Command.ParseConfig<typeof options>
+
+const defaultDatabaseUrl = "postgres://postgres@127.0.0.1:5432/test"
+
+/** Runs one policy on a real broker; the module (and kafkajs) loads only when `--brokers` is given. */
+const runReal = (
+  args: Args,
+  policy: PolicyName,
+  brokerList: string,
+  onProgress: (results: number, kills: number) => void
+) =>
+  Effect.gen(function*() {
+    const { runRealWorkload } = yield* Effect.tryPromise(() => import("./cluster/run.js"))
+    const databaseUrl = Option.getOrElse(args.databaseUrl, () => process.env.DATABASE_URL ?? defaultDatabaseUrl)
+    return yield* runRealWorkload({
+      policy,
+      records: args.records,
+      partitions: args.partitions,
+      consumers: args.consumers,
+      kills: Option.getOrElse(args.maxCrashes, () => 3),
+      seed: args.seed,
+      brokers: brokerList,
+      databaseUrl,
+      rebalances: true,
+      onProgress: (p) => onProgress(p.results, p.kills)
+    })
+  })
+
+const chooseStore = (args: Args): Effect.Effect<Store, UsageError> => {
+  if (Option.isSome(args.databaseUrl)) {
+    return args.store._tag === "Memory"
+      ? Effect.succeed({ _tag: "Postgres", url: args.databaseUrl.value })
+      : new UsageError({
+        message: "give either --store file:<directory> or --database-url for transactional, not both"
+      })
+  }
+  return Effect.succeed(args.store)
+}
+
+/** Runs the lab and prints its report. */
+export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknown, FileSystem.FileSystem> =>
+  Effect.gen(function*() {
+    const store = yield* chooseStore(args)
+    if (Option.isSome(args.brokers) && store._tag === "File") {
+      return yield* new UsageError({
+        message: "--store file:<directory> runs on the in-memory broker only; with --brokers, results go to " +
+          "Postgres (--database-url)"
+      })
+    }
+    const real = Option.isSome(args.brokers)
+    const storeName = real ? "Postgres store" : describeStore(store)
+    const maxCrashes = Option.getOrElse(args.maxCrashes, () => real ? 3 : 60)
+    if (!args.json) {
+      yield* Console.log(
+        `Semantics lab: ${count(args.records)} records on ${args.partitions} partitions, ${args.consumers} consumers ` +
+          `(two join, one leaves), ${real ? `${maxCrashes} members killed` : `crash rate ${args.crashRate}, at most ` +
+            `${maxCrashes} crashes`}, seed ${args.seed}`
+      )
+      yield* Console.log(
+        `${real ? `Kafka at ${Option.getOrElse(args.brokers, () => "")}` : "in-memory broker"}; ` +
+          `transactional stores positions in ${storeName}\n`
+      )
+    }
+    // Runs from earlier invocations may share a lasting store: a run of its own keeps their positions apart.
+    const runId = Date.now().toString(36)
+    const outcomes: Array<Outcome> = []
+    for (const policy of args.policies) {
+      const line = progressLine(policy, !args.json, real ? "kill" : "crash")
+      let progressAt = yield* Clock.currentTimeMillis
+      let last = -1
+      const moved = (done: number) => {
+        if (done !== last) [last, progressAt] = [done, Date.now()]
+      }
+      const run = Option.isSome(args.brokers)
+        ? runReal(args, policy, args.brokers.value, (results, kills) =>
+          line.update("handled", results, args.records, kills))
+        : runInMemory(
+          {
+            policy,
+            records: args.records,
+            partitions: args.partitions,
+            consumers: args.consumers,
+            crashes: maxCrashes,
+            crashRate: args.crashRate,
+            seed: args.seed,
+            rebalances: true,
+            maxPollRecords: 50,
+            commitEvery: 100,
+            ...(args.handlerMillis > 0 ? { handlerMillis: args.handlerMillis } : {}),
+            runId,
+            onProgress: (p) => {
+              moved(p.stored)
+              line.update("committed", p.stored, p.records, p.crashes)
+            }
+          } satisfies Workload,
+          store
+        )
+      // A real run has its own deadline; a stuck in-memory run would otherwise wait forever.
+      const outcome = yield* (real ? run : watched(policy, run, () => progressAt))
+      line.finish(
+        `${count(outcome.delivered)} delivered, ${count(outcome.lost)} lost, ${count(outcome.duplicated)} ` +
+          `duplicated in ${(outcome.elapsedMillis / 1000).toFixed(1)} s`
+      )
+      outcomes.push(outcome)
+    }
+    if (args.json) {
+      yield* Console.log(JSON.stringify(
+        {
+          workload: {
+            broker: real ? Option.getOrElse(args.brokers, () => "") : "memory",
+            store: storeName,
+            records: args.records,
+            partitions: args.partitions,
+            consumers: args.consumers,
+            crashRate: args.crashRate,
+            maxCrashes,
+            seed: args.seed,
+            handlerMillis: args.handlerMillis
+          },
+          outcomes: outcomes.map((o) => ({ ...o, recordsPerSecond: recordsPerSecond(o) }))
+        },
+        null,
+        2
+      ))
+    } else {
+      yield* Console.log(`\n${table(outcomes)}\n\n${explanations(outcomes, storeName)}`)
+    }
+    return outcomes
+  })
+
+/** The `demo` command. */
+export const command = Command.make("demo", options, runLab).pipe(
+  Command.withDescription(
+    "Runs one workload under each commit policy, with crashes injected and members joining and leaving, and " +
+      "counts what each delivered, lost and duplicated."
+  )
+)
+
+/** Parses the arguments (`process.argv` style) and runs the lab, or prints help. */
+export const cli = Command.run(command, { name: "Semantics lab", version: "0.1.0" })

@@ -1,0 +1,52 @@
+/**
+ * Where the examples run: the in-memory broker by default, or Kafka when KAFKA_BROKERS is set (`host:port,...`).
+ * Either way you get the consumer's `Driver` and `Topics`, a small service to create a topic and produce to it.
+ */
+import * as Config from "effect/Config"
+import * as Context from "effect/Context"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
+import type { Driver } from "../src/Driver.js"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import * as KafkaJs from "../src/KafkaJs.js"
+
+export interface Produce {
+  readonly key?: string
+  readonly value: string
+  readonly partition?: number
+}
+
+export class Topics extends Context.Tag("examples/Topics")<Topics, {
+  readonly where: string
+  readonly create: (topic: string, partitions: number) => Effect.Effect<void, unknown>
+  readonly produce: (topic: string, records: ReadonlyArray<Produce>) => Effect.Effect<void, unknown>
+}>() {}
+
+const inMemory: Layer.Layer<Topics | Driver> = Layer.effect(
+  Topics,
+  Effect.map(InMemoryKafka.InMemoryKafka, (kafka) => ({
+    where: "the in-memory broker",
+    create: kafka.createTopic,
+    produce: (topic, records) => Effect.asVoid(kafka.produce(topic, records))
+  }))
+).pipe(Layer.provideMerge(InMemoryKafka.layer()))
+
+const kafka = (brokers: string): Layer.Layer<Topics | Driver, unknown> =>
+  Layer.unwrapEffect(Effect.map(KafkaJs.parseBrokers(brokers), (list) =>
+    Layer.merge(
+      KafkaJs.layer({ brokers: list, clientId: "examples", logLevel: "error" }),
+      Layer.succeed(Topics, {
+        where: `Kafka at ${brokers}`,
+        create: (topic, partitions) => KafkaJs.createTopic(list, topic, partitions),
+        produce: (topic, records) => KafkaJs.produce(list, topic, records)
+      })
+    )))
+
+/** The in-memory broker, or Kafka at KAFKA_BROKERS. */
+export const layer: Layer.Layer<Topics | Driver, unknown> = Layer.unwrapEffect(
+  Effect.map(Config.option(Config.string("KAFKA_BROKERS")), Option.match({ onNone: () => inMemory, onSome: kafka }))
+)
+
+/** A name of its own for each run, so that a run on a real broker never sees an earlier run's records. */
+export const unique = (name: string): string => `${name}-${Date.now().toString(36)}`
