@@ -3,6 +3,7 @@ import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import * as Queue from "effect/Queue"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
@@ -124,7 +125,12 @@ export const commitAfter = (
 ): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
   Effect.gen(function*() {
     const committer = yield* makeCommitter(context)
-    yield* context.fork(Effect.sleep(maxInterval).pipe(Effect.zipRight(committer.flush), Effect.forever))
+    // The commit is off the worker's path: a worker that completes a batch wakes the committer and goes on; one
+    // commit is in flight at a time and carries every position handled meanwhile (merged, highest per partition).
+    const due = yield* Queue.sliding<void>(1)
+    yield* context.fork(
+      Effect.race(Queue.take(due), Effect.sleep(maxInterval)).pipe(Effect.zipRight(committer.flush), Effect.forever)
+    )
     return {
       name: "commitAfter",
       startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
@@ -136,8 +142,7 @@ export const commitAfter = (
           yield* context.guard(withoutTransaction(retry(work)))
           yield* context.crashAt("afterHandler", [partition])
           const count = yield* committer.add(partition, lastPosition(records), Chunk.size(records))
-          // The worker that completes a batch commits it: "every N records" holds exactly, whatever the load.
-          if (count >= maxBatch) yield* committer.flush
+          if (count >= maxBatch) yield* Queue.offer(due, undefined)
         }),
       revoke: () => committer.flush,
       lost: committer.forget

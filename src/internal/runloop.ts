@@ -108,8 +108,21 @@ export const run = <E, R, EH, RH>(
     const owned = new Map<string, PartitionState>()
     const maxPoll = config.session.maxPollRecords
 
+    // The schedule is built only once the work has failed: the first attempt costs no retry machinery. The first
+    // failure is handed to the schedule as if it had driven that attempt.
     const retry = <E2, R2>(work: Effect.Effect<void, E2, R2>) =>
-      Effect.retry(work, { schedule: config.retry, while: (error) => !isPolicyError(error) })
+      Effect.catchAll(work, (first) => {
+        if (isPolicyError(first)) return Effect.fail(first)
+        let replayed = false
+        return Effect.retry(
+          Effect.suspend(() => {
+            if (replayed) return work
+            replayed = true
+            return Effect.fail(first)
+          }),
+          { schedule: config.retry, while: (error) => !isPolicyError(error) }
+        )
+      })
 
     const toHandlerFailed = (tp: TopicPartition.TopicPartition, records: Chunk.Chunk<ConsumerRecord>) =>
     (error: unknown) => {
@@ -125,8 +138,8 @@ export const run = <E, R, EH, RH>(
       )
     }
 
-    const maybeResume = (state: PartitionState) =>
-      state.lock.withPermits(1)(Effect.suspend(() => {
+    const maybeResume = (state: PartitionState): Effect.Effect<void> =>
+      !state.paused ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
         if (!state.paused || state.stopping || state.outstanding + maxPoll > config.bufferSize) return Effect.void
         state.paused = false
         return guard(session.resume([state.tp]))
@@ -249,7 +262,7 @@ export const run = <E, R, EH, RH>(
         state.outstanding += Chunk.size(records)
         return Queue.offer(state.queue, records).pipe(
           Effect.zipRight(policy.delivered(tp, next)),
-          Effect.zipRight(state.lock.withPermits(1)(Effect.suspend(() => {
+          Effect.zipRight(state.paused || state.outstanding + maxPoll <= config.bufferSize ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
             if (state.paused || state.outstanding + maxPoll <= config.bufferSize) return Effect.void
             state.paused = true
             return session.pause([tp])

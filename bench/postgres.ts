@@ -1,0 +1,221 @@
+/**
+ * Benchmark 3: exactly-once on Postgres. Results and the position in one transaction of `PgOffsetStore`, against a
+ * plain batched INSERT loop into the same table over the same pool, with no position written.
+ */
+import * as Effect from "effect/Effect"
+import * as ManagedRuntime from "effect/ManagedRuntime"
+import postgres from "postgres"
+import { OffsetStore } from "../src/OffsetStore.js"
+import * as PgOffsetStore from "../src/PgOffsetStore.js"
+import * as TopicPartition from "../src/TopicPartition.js"
+import { type BenchResult, compare, type Plan, ratioAtLeast, ratioInfo, timed } from "./harness.js"
+
+export interface PostgresSizes {
+  /** Records per run for each batch size. */
+  readonly recordsPerBatchSize: ReadonlyArray<readonly [batch: number, records: number]>
+}
+
+interface Row {
+  readonly partition: number
+  readonly record_offset: string
+  readonly value: Buffer
+}
+
+const targets: Readonly<Record<number, number>> = { 100: 0.7, 1000: 0.9 }
+
+/** What `PgOffsetStore.commit` does, written by hand: results and a fenced position in one transaction. */
+const handWritten = (
+  sql: postgres.Sql,
+  table: string,
+  insert: (tx: postgres.TransactionSql, rows: ReadonlyArray<Row>) => Promise<unknown>,
+  pipelined: boolean
+) =>
+async (groupId: string, rows: ReadonlyArray<Row>, from: bigint | null, to: bigint): Promise<void> => {
+  await sql.begin(async (tx) => {
+    const storePosition = () =>
+      from === null
+        ? tx.unsafe(
+          `insert into ${table} (group_id, topic, partition, next_offset)
+           values ($1, 'bench', 0, $2::bigint) on conflict do nothing`,
+          [groupId, to.toString()]
+        )
+        : tx.unsafe(
+          `update ${table} set next_offset = $2::bigint, updated_at = now()
+           where group_id = $1 and topic = 'bench' and partition = 0 and next_offset = $3::bigint`,
+          [groupId, to.toString(), from.toString()]
+        )
+    let count: number
+    if (pipelined) {
+      // Sent before the results and not awaited: postgres.js pipelines both on the transaction's connection.
+      // postgres.js queries are lazy: `execute` sends it now.
+      const position = storePosition().execute()
+      await insert(tx, rows)
+      count = (await position).count
+    } else {
+      await insert(tx, rows)
+      count = (await storePosition()).count
+    }
+    if (count !== 1) throw new Error("fenced")
+  })
+}
+
+
+export const exactlyOnce = async (
+  plan: Plan,
+  databaseUrl: string,
+  sizes: PostgresSizes
+): Promise<ReadonlyArray<BenchResult>> => {
+  const suffix = `${process.pid}_${Math.floor(Math.random() * 1e9)}`
+  const resultsTable = `bench_results_${suffix}`
+  const offsetsTable = `bench_offsets_${suffix}`
+  const positionsTable = `bench_positions_${suffix}`
+  const sql = postgres(databaseUrl, { onnotice: () => {}, max: 4, connect_timeout: 10 })
+  const runtime = ManagedRuntime.make(PgOffsetStore.layer({ sql, table: offsetsTable, migrate: true }))
+  try {
+    await sql.unsafe(
+      `create table ${resultsTable} (
+        partition integer not null,
+        record_offset bigint not null,
+        value bytea not null,
+        primary key (partition, record_offset)
+      )`
+    )
+    await sql.unsafe(
+      `create table ${positionsTable} (
+        group_id text not null,
+        topic text not null,
+        partition integer not null,
+        next_offset bigint not null,
+        updated_at timestamptz not null default now(),
+        primary key (group_id, topic, partition)
+      )`
+    )
+    const store = await runtime.runPromise(OffsetStore)
+    const value = Buffer.alloc(256, 0x61)
+    const insert = (tx: postgres.Sql | postgres.TransactionSql, rows: ReadonlyArray<Row>): Promise<unknown> =>
+      tx`insert into ${tx(resultsTable)} ${tx(rows as Array<Row>, "partition", "record_offset", "value")}`
+    const out: Array<BenchResult> = []
+    for (const [batch, records] of sizes.recordsPerBatchSize) {
+      out.push(
+        await timed(async () => {
+          plan.log(`3. exactly-once on Postgres, batches of ${batch}, ${records.toLocaleString("en-US")} records`)
+          const batches: Array<ReadonlyArray<Row>> = []
+          for (let start = 0; start < records; start += batch) {
+            const rows: Array<Row> = []
+            for (let o = start; o < Math.min(records, start + batch); o++) {
+              rows.push({ partition: 0, record_offset: String(o), value })
+            }
+            batches.push(rows)
+          }
+          const fresh = () => sql.unsafe(`truncate ${resultsTable}`)
+          const rate = (started: number) => ({
+            value: records / ((performance.now() - started) / 1000),
+            details: { "ms per batch": (performance.now() - started) / batches.length }
+          })
+          let group = 0
+          const variants = await compare(plan, [
+            {
+              id: "a",
+              label: "plain batched INSERT loop, no position",
+              run: async () => {
+                await fresh()
+                const started = performance.now()
+                for (const rows of batches) await insert(sql, rows)
+                return rate(started)
+              }
+            },
+            {
+              id: "b",
+              label: "hand-written sql.begin: INSERT, then position",
+              run: async () => {
+                await fresh()
+                const groupId = `bench-${suffix}-${batch}-${++group}`
+                const commit = handWritten(sql, positionsTable, insert, false)
+                const started = performance.now()
+                let expected: bigint | null = null
+                let next = 0n
+                for (const rows of batches) {
+                  next += BigInt(rows.length)
+                  await commit(groupId, rows, expected, next)
+                  expected = next
+                }
+                return rate(started)
+              }
+            },
+            {
+              id: "p",
+              label: "hand-written, position pipelined with INSERT",
+              run: async () => {
+                await fresh()
+                const groupId = `bench-${suffix}-${batch}-${++group}`
+                const commit = handWritten(sql, positionsTable, insert, true)
+                const started = performance.now()
+                let expected: bigint | null = null
+                let next = 0n
+                for (const rows of batches) {
+                  next += BigInt(rows.length)
+                  await commit(groupId, rows, expected, next)
+                  expected = next
+                }
+                return rate(started)
+              }
+            },
+            {
+              id: "tx",
+              label: "PgOffsetStore.commit: rows + position in one tx",
+              run: async () => {
+                await fresh()
+                const groupId = `bench-${suffix}-${batch}-${++group}`
+                const partition = TopicPartition.make("bench", 0)
+                const started = performance.now()
+                await runtime.runPromise(Effect.gen(function*() {
+                  let expected: bigint | null = null
+                  let next = 0n
+                  for (const rows of batches) {
+                    next += BigInt(rows.length)
+                    yield* store.commit(
+                      { groupId, partition, expected, next },
+                      Effect.flatMap(PgOffsetStore.sql, (tx) => Effect.tryPromise(() => insert(tx, rows)))
+                    )
+                    expected = next
+                  }
+                }))
+                return rate(started)
+              }
+            }
+          ])
+          const target = targets[batch]
+          return {
+            id: `pg-batch-${batch}`,
+            title: `3. Exactly-once on Postgres: ${records.toLocaleString("en-US")} records of 256 B, batches of ${batch}`,
+            unit: "records/s",
+            warmup: plan.warmup,
+            rounds: plan.rounds,
+            variants,
+            checks: [
+              target === undefined ? ratioInfo(variants, "tx", "a") : ratioAtLeast(variants, "tx", "a", target),
+              ratioInfo(variants, "tx", "b"),
+              ratioInfo(variants, "b", "a"),
+              ratioInfo(variants, "p", "a")
+            ],
+            notes: [
+              "one partition, batches one after another; same postgres.js pool (max 4) and results table for both; " +
+              "the table is truncated before every run",
+              "tx: BEGIN, multi-row INSERT through PgOffsetStore.sql, conditional UPDATE (or INSERT) of the position, " +
+              "COMMIT; a: the same multi-row INSERT in autocommit; b: what tx does, written by hand with postgres.js " +
+              "(the floor for this transaction); p: b with the position statement sent first and pipelined with the " +
+              "INSERT (a proposal for PgOffsetStore.commit)"
+            ]
+          }
+        })
+      )
+    }
+    return out
+  } finally {
+    await runtime.dispose()
+    await sql.unsafe(`drop table if exists ${resultsTable}`).catch(() => undefined)
+    await sql.unsafe(`drop table if exists ${offsetsTable}`).catch(() => undefined)
+    await sql.unsafe(`drop table if exists ${positionsTable}`).catch(() => undefined)
+    await sql.end({ timeout: 5 })
+  }
+}
