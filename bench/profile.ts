@@ -10,12 +10,9 @@
  * Every kafkajs consumer of the process (the library's too) is watched: the records kafkajs fetched and handed to
  * `eachBatch`, and the fetch requests it made, are printed next to the records the variant handled.
  *
- * Variants: overhead-raw-batch, overhead-raw-message, overhead-chunk, overhead-each, inmemory, and
- * overhead-chunk-async, overhead-each-async: the library with the commit taken off the worker's path
- * (bench/prototypes.ts), to measure that proposal.
+ * Variants: overhead-raw-batch, overhead-raw-message, overhead-chunk, overhead-each, inmemory.
  * Uses KAFKA_BROKERS when set, otherwise starts (and stops) a broker as `npm run bench` does.
  */
-import * as Duration from "effect/Duration"
 import * as fs from "node:fs"
 import * as inspector from "node:inspector/promises"
 import { Kafka } from "kafkajs"
@@ -23,7 +20,6 @@ import { withBroker } from "./broker.js"
 import { driverLayer, library, rawKafkajs } from "./consumers.js"
 import { compare, formatNumber, type Plan } from "./harness.js"
 import { inMemory } from "./inMemory.js"
-import { asyncCommitAfter } from "./prototypes.js"
 import { makeTopics } from "./topics.js"
 
 process.env.KAFKAJS_NO_PARTITIONER_WARNING = "1"
@@ -96,7 +92,6 @@ const main = async () => {
         ...(Number.isNaN(buffer) ? {} : { bufferSize: buffer }),
         ...(Number.isNaN(commitEvery) ? {} : { commitEvery })
       }
-      const asyncPolicy = asyncCommitAfter(Number.isNaN(commitEvery) ? 1000 : commitEvery, Duration.seconds(1))
       const run = (): ReturnType<typeof rawKafkajs> => {
         switch (variant) {
           case "overhead-raw-batch":
@@ -107,10 +102,6 @@ const main = async () => {
             return library(driver, topic, "chunk", "count", tuning)
           case "overhead-each":
             return library(driver, topic, "each", "count", tuning)
-          case "overhead-chunk-async":
-            return library(driver, topic, "chunk", "count", { ...tuning, policy: asyncPolicy })
-          case "overhead-each-async":
-            return library(driver, topic, "each", "count", { ...tuning, policy: asyncPolicy })
           default:
             throw new Error(`unknown variant ${variant}`)
         }
