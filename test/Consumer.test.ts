@@ -297,6 +297,26 @@ describe("Consumer", () => {
     })))
 })
 
+describe("Consumer.records", () => {
+  it.effect("is one stream of every partition's records, and ending it leaves the group cleanly", () =>
+    withKafka(Effect.gen(function*() {
+      yield* produce("merged", 3, 20)
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const records = yield* Consumer.records({ groupId: "g", topics: ["merged"], maxPollRecords: 5 }).pipe(
+        Stream.take(60),
+        Stream.runCollect,
+        Effect.provide(commitAfter)
+      )
+      const keys = Chunk.toReadonlyArray(Chunk.map(records, (r) => `${r.partition}@${r.offset}`))
+      assert.strictEqual(new Set(keys).size, 60)
+      for (const p of [0, 1, 2]) {
+        const offsets = Chunk.toReadonlyArray(records).filter((r) => r.partition === p).map((r) => r.offset)
+        assert.deepStrictEqual(offsets, Array.from({ length: 20 }, (_, i) => BigInt(i)))
+      }
+      assert.deepStrictEqual(yield* kafka.members("g"), [])
+    })))
+})
+
 describe("Consumer configuration", () => {
   const bad: ReadonlyArray<readonly [string, Consumer.Config]> = [
     ["groupId", { groupId: "", topics: ["t"] }],
