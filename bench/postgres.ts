@@ -80,16 +80,7 @@ export const exactlyOnce = async (
         primary key (partition, record_offset)
       )`
     )
-    await sql.unsafe(
-      `create table ${positionsTable} (
-        group_id text not null,
-        topic text not null,
-        partition integer not null,
-        next_offset bigint not null,
-        updated_at timestamptz not null default now(),
-        primary key (group_id, topic, partition)
-      )`
-    )
+    await Effect.runPromise(PgOffsetStore.migrate({ sql, table: positionsTable }))
     const store = await runtime.runPromise(OffsetStore)
     const value = Buffer.alloc(256, 0x61)
     const insert = (tx: postgres.Sql | postgres.TransactionSql, rows: ReadonlyArray<Row>): Promise<unknown> =>

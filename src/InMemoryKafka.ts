@@ -102,7 +102,6 @@ interface Member {
   inGroup: boolean
   dead: boolean
   frozen: boolean
-  lost: boolean
   fetched: number
 }
 
@@ -313,10 +312,7 @@ const makeBroker = (options: Options) =>
     const pollOnce = (member: Member, now: number): Array<DriverEvent> | "lost" => {
       const group = groupOf(member.groupId)
       if (expire(group, now)) changedPending = true
-      if (!member.inGroup && !member.lost) {
-        member.lost = true
-        return "lost"
-      }
+      if (!member.inGroup) return "lost"
       const events = member.pendingEvents
       member.pendingEvents = []
       return events.concat(fetch(member))
@@ -345,7 +341,6 @@ const makeBroker = (options: Options) =>
       inGroup: false,
       dead: false,
       frozen: false,
-      lost: false,
       fetched: 0
     })
 
@@ -419,7 +414,6 @@ const makeBroker = (options: Options) =>
           member.assigned = []
           member.positions = new Map()
           member.pendingEvents = []
-          member.lost = false
           const t = yield* Clock.currentTimeMillis
           members.delete(member.id)
           member.id = `${options.clientId}-${++memberSeq}`

@@ -8,9 +8,9 @@ import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { ConfigError } from "../KafkaError.js"
 import type { CommitUnit } from "../OffsetStore.js"
-import { Fenced, OffsetStore, OffsetStoreError, Results, type Transaction } from "../OffsetStore.js"
+import { type Fenced, OffsetStore, OffsetStoreError, Results, type Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
-import { runUnit } from "./unitBuffer.js"
+import { fencedUnit, runUnit } from "./unitBuffer.js"
 
 // Layout: <directory>/<group>/<topic>/<partition>/<sequence>.json, one immutable segment per committed unit.
 // Segment n+1 can only be created by a unit that saw segment n as the newest one, and it is created with `link`,
@@ -254,15 +254,6 @@ export const make = (
       }).pipe(Effect.ensuring(fs.remove(temporary).pipe(Effect.ignore)))
     }
 
-    const fenced = (unit: CommitUnit, actual: bigint | null) =>
-      new Fenced({
-        groupId: unit.groupId,
-        topic: unit.partition.topic,
-        partition: unit.partition.partition,
-        expected: unit.expected,
-        actual
-      })
-
     const store = (unit: CommitUnit, entries: ReadonlyArray<string>): Effect.Effect<void, OffsetStoreError | Fenced> =>
       Effect.gen(function*() {
         const key = cacheKey(unit.groupId, unit.partition)
@@ -273,7 +264,7 @@ export const make = (
           if (head.next !== unit.expected) {
             head = yield* probeForward("commit", unit.groupId, unit.partition, head)
             heads.set(key, head)
-            if (head.next !== unit.expected) return yield* fenced(unit, head.next)
+            if (head.next !== unit.expected) return yield* fencedUnit(unit, head.next)
           }
           if (head.sequence === 0) {
             yield* fs.makeDirectory(directory, { recursive: true }).pipe(Effect.mapError(ioError("commit", directory)))
@@ -299,7 +290,7 @@ export const make = (
           // Another store took this sequence: the loop re-reads the newest segment and checks the position again.
           head = yield* probeForward("commit", unit.groupId, unit.partition, head)
           heads.set(key, head)
-          if (head.next !== unit.expected) return yield* fenced(unit, head.next)
+          if (head.next !== unit.expected) return yield* fencedUnit(unit, head.next)
         }
       }).pipe(Effect.uninterruptible, lockOf(cacheKey(unit.groupId, unit.partition)).withPermits(1))
 

@@ -1,9 +1,9 @@
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import type { CommitUnit } from "../OffsetStore.js"
-import { Fenced, OffsetStore, Results, type Transaction } from "../OffsetStore.js"
+import { type Fenced, OffsetStore, Results, type Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
-import { runUnit } from "./unitBuffer.js"
+import { fencedUnit, runUnit } from "./unitBuffer.js"
 
 const STORE = "memory"
 
@@ -50,15 +50,7 @@ export const make: Effect.Effect<Context.Context<OffsetStore | Results>> = Effec
         const state = partitions.get(key)
         const actual = state?.position ?? null
         if (actual !== unit.expected) {
-          return Effect.fail(
-            new Fenced({
-              groupId: unit.groupId,
-              topic: unit.partition.topic,
-              partition: unit.partition.partition,
-              expected: unit.expected,
-              actual
-            })
-          )
+          return Effect.fail(fencedUnit(unit, actual))
         }
         partitions.set(key, {
           partition: unit.partition,

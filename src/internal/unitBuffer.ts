@@ -1,5 +1,5 @@
 import * as Effect from "effect/Effect"
-import { Transaction } from "../OffsetStore.js"
+import { type CommitUnit, Fenced, Transaction } from "../OffsetStore.js"
 
 /**
  * The open transaction of the memory and file stores: results appended by the work, kept as JSON text so that what
@@ -31,4 +31,18 @@ export const runUnit = <A, E, R>(
       })),
       Effect.map((value) => [value, buffer.entries] as const)
     )
+  })
+
+/**
+ * The refusal of a unit whose stored position was `actual`, not the one it started from.
+ *
+ * @internal
+ */
+export const fencedUnit = (unit: CommitUnit, actual: bigint | null): Fenced =>
+  new Fenced({
+    groupId: unit.groupId,
+    topic: unit.partition.topic,
+    partition: unit.partition.partition,
+    expected: unit.expected,
+    actual
   })
