@@ -24,7 +24,7 @@ const program = cli(process.argv).pipe(
   }),
   Effect.provide(NodeContext.layer),
   // Logs go to stderr, so that stdout holds the report (or, with --json, nothing but the JSON).
-  Effect.provide(Logger.replace(Logger.defaultLogger, Logger.withConsoleError(Logger.prettyLoggerDefault)))
+  Effect.provide(Logger.replace(Logger.defaultLogger, Logger.prettyLogger({ stderr: true })))
 )
 
 NodeRuntime.runMain(program, {

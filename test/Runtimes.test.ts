@@ -30,6 +30,15 @@ interface DemoOutcome {
   readonly crashes: number
 }
 
+// stdout must hold nothing but the JSON: logs go to stderr.
+const parseReport = (run: Run): { outcomes: ReadonlyArray<DemoOutcome> } => {
+  try {
+    return JSON.parse(run.stdout)
+  } catch (error) {
+    return assert.fail(`stdout is not the JSON report (${String(error)}):\n${run.stdout}\nstderr:\n${run.stderr}`)
+  }
+}
+
 for (const runtime of ["node", "deno", "bun"] satisfies ReadonlyArray<Runtime>) {
   describe.concurrent(`on ${runtime}`, () => {
     it(`demo --json: atMostOnce never duplicates, commitAfter never loses, transactional neither`, async () => {
@@ -37,7 +46,7 @@ for (const runtime of ["node", "deno", "bun"] satisfies ReadonlyArray<Runtime>) 
         runScript(runtime, "demo/main.ts", ["--json", "--records", "3000", "--crash-rate", "0.05", "--seed", "7"])
       )
       assert.strictEqual(run.code, 0, failed(run))
-      const report = JSON.parse(run.stdout) as { outcomes: ReadonlyArray<DemoOutcome> }
+      const report = parseReport(run)
       const outcome = (policy: string) => report.outcomes.find((o) => o.policy === policy)!
       assert.deepStrictEqual(report.outcomes.map((o) => o.policy), [
         "atMostOnce",
