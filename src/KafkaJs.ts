@@ -96,8 +96,11 @@ export interface ProduceRecord {
  * What kafkajs allows this adapter to guarantee:
  *
  * - **Fetching is backpressured per fetch.** Each kafkajs `eachBatch` call hands its records to `poll` and returns
- *   only once `poll` has returned them; kafkajs fetches again after every batch of a fetch was handed over. Paused
- *   partitions are not fetched.
+ *   only once `poll` has returned them; kafkajs fetches again after every batch of a fetch was handed over. A paused
+ *   partition's batch calls return at once and the adapter keeps their records (returned first on resume, never
+ *   fetched twice); after two such batches kafkajs stops fetching the partition until it is resumed. So a slow
+ *   partition never holds the others' fetches, and what a consumer holds is bounded by its `bufferSize` plus two
+ *   fetches (`maxBytesPerPartition`) per partition, whatever the backlog.
  * - **Heartbeats continue** while records wait for `poll` and while a revoke is held; the runloop's processing
  *   time does not count against the session.
  * - **Revocation.** kafkajs uses the eager protocol and has no revoke callback: on every rebalance all owned

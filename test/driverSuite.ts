@@ -346,6 +346,27 @@ export const driverSuite = (
         assert.deepStrictEqual(offsetsOf(m, topic, 1), range(0, 10))
       }).pipe(Effect.provide(env)), testTimeout)
 
+    it.scopedLive("a pause in the middle of a fetched batch: the rest comes after resume, once and in order", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("pause-mid")
+        yield* kit.createTopic(topic, 2)
+        yield* kit.produce(topic, 0, values(0, 0, 20))
+        const m = yield* join("a", unique("group"), topics(topic), { maxPollRecords: 3 })
+        yield* pollUntil([m], "partition 0's first records", () => offsetsOf(m, topic, 0).length > 0)
+        yield* m.session.pause([tp(topic, 0)])
+        const beforePause = offsetsOf(m, topic, 0)
+        assert.isBelow(beforePause.length, 20, "one poll returned more than maxPollRecords")
+
+        yield* kit.produce(topic, 1, values(1, 0, 5))
+        yield* pollUntil([m], "partition 1's records", () => offsetsOf(m, topic, 1).length >= 5)
+        assert.deepStrictEqual(offsetsOf(m, topic, 0), beforePause, "records of a paused partition were returned")
+
+        yield* m.session.resume([tp(topic, 0)])
+        yield* pollUntil([m], "the rest of partition 0 after resume", () => offsetsOf(m, topic, 0).length >= 20)
+        assert.deepStrictEqual(offsetsOf(m, topic, 0), range(0, 20))
+      }).pipe(Effect.provide(env)), testTimeout)
+
     it.scopedLive("two members split the partitions; when one leaves, the other takes them over", () =>
       Effect.gen(function*() {
         const kit = yield* DriverTestKit

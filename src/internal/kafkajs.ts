@@ -329,17 +329,26 @@ const encoder = new TextEncoder()
 const toBytes = (value: Buffer | string): Uint8Array =>
   typeof value === "string" ? encoder.encode(value) : new Uint8Array(value.buffer, value.byteOffset, value.byteLength)
 
+const noHeaders: Readonly<Record<string, Uint8Array>> = Object.freeze({})
+
+const toHeaders = (raw: KafkaMessage["headers"]): Readonly<Record<string, Uint8Array>> => {
+  if (raw === undefined) return noHeaders
+  let headers: Record<string, Uint8Array> | undefined
+  for (const name in raw) {
+    const value = raw[name]
+    if (value === undefined) continue
+    // A header repeated in the record arrives as an array; the last value wins, as `lastHeader` does in Java.
+    const last = Array.isArray(value) ? value[value.length - 1] : value
+    if (last === undefined) continue
+    headers ??= {}
+    headers[name] = toBytes(last)
+  }
+  return headers ?? noHeaders
+}
+
 /** @internal */
 export const toConsumerRecord = (topic: string, partition: number, message: KafkaMessage): ConsumerRecord => {
-  const headers: Record<string, Uint8Array> = {}
-  if (message.headers !== undefined) {
-    for (const [name, value] of Object.entries(message.headers)) {
-      if (value === undefined) continue
-      // A header repeated in the record arrives as an array; the last value wins, as `lastHeader` does in Java.
-      const last = Array.isArray(value) ? value[value.length - 1] : value
-      if (last !== undefined) headers[name] = toBytes(last)
-    }
-  }
+  const headers = toHeaders(message.headers)
   return {
     topic,
     partition,

@@ -31,7 +31,8 @@ export interface ConsumerSettings {
  * Why an `eachBatch` call stopped waiting for the runloop:
  * - `taken`: `poll` returned all its records
  * - `seek`/`stale`: the records are no longer wanted (a seek, or a new generation); kafkajs must not advance
- * - `pause`: the partition was paused; kafkajs advances past what was taken, the rest is fetched again on resume
+ * - `pause`: the partition was paused; the adapter keeps the records not yet returned (they are handed out first on
+ *   resume), so kafkajs advances past the whole batch and fetches nothing of it again
  * - `revoke`: the group is rebalancing; the call must hold until the runloop releases the partitions
  * - `close`: the session is closing
  */
@@ -44,8 +45,11 @@ interface RecordsEntry {
   readonly records: ReadonlyArray<ConsumerRecord>
   /** Index of the next record to hand out; records before it were returned by `poll`. */
   next: number
-  settled: boolean
-  readonly settle: (outcome: Outcome) => void
+  /** The `eachBatch` call was told its outcome (and may have returned). A paused entry's records still wait. */
+  released: boolean
+  /** Its records are no longer wanted, or were all returned. */
+  done: boolean
+  readonly release: (outcome: Outcome) => void
   readonly outcome: Promise<Outcome>
 }
 
@@ -65,6 +69,13 @@ interface Revoke {
 }
 
 const STATIC_ASSIGNER = "EffectKafkaStaticAssigner"
+
+/**
+ * A paused partition keeps up to this many fetched batches before kafkajs is told to stop fetching it. Pausing
+ * kafkajs at once would be costly: once every partition is paused, its fetch loop sleeps `maxWaitTime` before it
+ * looks again, even if a partition resumes a millisecond later.
+ */
+const PARKED_BATCHES = 2
 
 /** kafkajs runs on wall-clock time; `poll` waits on it too, even in a test that installs the `TestClock`. */
 const liveClock = Clock.make()
@@ -219,9 +230,13 @@ export const connect = (
     // All of the state below is touched from kafkajs callbacks and from the runloop's calls; both run on the one
     // JavaScript thread and never across an `await` while they update it.
     const queue = yield* Queue.unbounded<Entry>()
+    // Entries taken from the queue and not yet done, in fetch order; a paused partition's entries wait here.
     let pending: Array<Entry> = []
     const owned = new Map<string, TopicPartition.TopicPartition>()
+    /** Partitions the runloop paused: `poll` returns none of their records. */
     const paused = new Set<string>()
+    /** Partitions kafkajs was told to pause: it fetches none of their records. */
+    const fetchPaused = new Set<string>()
     /** The next offset the runloop expects per partition: after the last record returned, or where it seeked. */
     const positions = new Map<string, bigint>()
     const inflight = new Map<string, Set<RecordsEntry>>()
@@ -236,18 +251,57 @@ export const connect = (
       queue.unsafeOffer(entry)
     }
 
-    const settle = (entry: RecordsEntry, outcome: Outcome) => {
-      if (entry.settled) return
-      entry.settled = true
+    const release = (entry: RecordsEntry, outcome: Outcome) => {
+      if (entry.released) return
+      entry.released = true
+      entry.release(outcome)
+    }
+
+    /** The entry's records are all returned or no longer wanted; its call (if still waiting) learns why. */
+    const finish = (entry: RecordsEntry, outcome: Outcome) => {
+      entry.done = true
       inflight.get(entry.key)?.delete(entry)
-      entry.settle(outcome)
+      release(entry, outcome)
     }
 
     const dropInflight = (key: string | undefined, outcome: Outcome) => {
       for (const [entryKey, entries] of inflight) {
         if (key !== undefined && entryKey !== key) continue
-        for (const entry of Array.from(entries)) settle(entry, outcome)
+        for (const entry of Array.from(entries)) finish(entry, outcome)
       }
+    }
+
+    const pauseFetch = (key: string) => {
+      if (fetchPaused.has(key)) return
+      fetchPaused.add(key)
+      const tp = TopicPartition.fromKey(key)
+      try {
+        consumer.pause([{ topic: tp.topic, partitions: [tp.partition] }])
+      } catch (error) {
+        log("warning", `pause of ${key} not applied: ${describe(error)}`)
+      }
+    }
+
+    const resumeFetch = (key: string) => {
+      if (!fetchPaused.delete(key)) return
+      const tp = TopicPartition.fromKey(key)
+      try {
+        consumer.resume([{ topic: tp.topic, partitions: [tp.partition] }])
+      } catch (error) {
+        log("warning", `resume of ${key} not applied: ${describe(error)}`)
+      }
+    }
+
+    /**
+     * A paused partition lets its batch calls go (kafkajs would otherwise hold every other partition's next fetch
+     * behind them) but keeps their records: they are returned first once the partition resumes. Once it keeps
+     * `PARKED_BATCHES` batches, kafkajs stops fetching it.
+     */
+    const park = (key: string) => {
+      const entries = inflight.get(key)
+      if (entries === undefined) return
+      for (const entry of entries) release(entry, "pause")
+      if (entries.size >= PARKED_BATCHES) pauseFetch(key)
     }
 
     const makeEntry = (
@@ -265,8 +319,9 @@ export const connect = (
         key,
         records,
         next: 0,
-        settled: false,
-        settle: resolve,
+        released: false,
+        done: false,
+        release: resolve,
         outcome
       }
       let set = inflight.get(key)
@@ -332,7 +387,7 @@ export const connect = (
           const position = positions.get(k)
           try {
             if (position !== undefined) consumer.seek({ ...tp, offset: position.toString() })
-            if (paused.has(k)) consumer.pause([{ topic: tp.topic, partitions: [tp.partition] }])
+            if (fetchPaused.has(k)) consumer.pause([{ topic: tp.topic, partitions: [tp.partition] }])
           } catch (error) {
             log("warning", `could not restore ${k} after a rejoin: ${describe(error)}`)
           }
@@ -350,7 +405,7 @@ export const connect = (
       }
       if (revoke !== undefined) releaseRevoke(revoke)
       revoke = undefined
-      for (const k of paused) {
+      for (const k of fetchPaused) {
         const tp = TopicPartition.fromKey(k)
         try {
           consumer.resume([{ topic: tp.topic, partitions: [tp.partition] }])
@@ -358,6 +413,7 @@ export const connect = (
           // the consumer is being stopped; nothing to resume
         }
       }
+      fetchPaused.clear()
       paused.clear()
       positions.clear()
       owned.clear()
@@ -396,7 +452,7 @@ export const connect = (
           await holdForRevoke(payload)
           return
         }
-        if (entry !== undefined) settle(entry, "stale")
+        if (entry !== undefined) finish(entry, "stale")
         throw error
       }
     }
@@ -407,7 +463,8 @@ export const connect = (
       if (revoke !== undefined) return holdForRevoke(payload)
       const tp = TopicPartition.make(batch.topic, batch.partition)
       const key = TopicPartition.key(tp)
-      if (!owned.has(key) || paused.has(key) || batch.messages.length === 0) return
+      // A batch of a paused partition (fetched before the pause) is kept like any other: `drain` parks it.
+      if (!owned.has(key) || batch.messages.length === 0) return
       const position = positions.get(key)
       const records: Array<ConsumerRecord> = []
       for (const message of batch.messages) {
@@ -422,7 +479,7 @@ export const connect = (
         outcome = await waitAtMost(entry.outcome, tick)
         if (outcome !== undefined) break
         if (closed || !payload.isRunning()) {
-          settle(entry, "close")
+          finish(entry, "close")
           return
         }
         // Records wait here until the runloop polls them; heartbeats keep the partition meanwhile.
@@ -430,8 +487,9 @@ export const connect = (
         if (revoke !== undefined) return
       }
       if (outcome === "revoke") return holdForRevoke(payload)
-      if ((outcome === "taken" || outcome === "pause") && entry.next > 0) {
-        payload.resolveOffset(records[entry.next - 1]!.offset.toString())
+      // Taken, or kept by the adapter while the partition is paused: either way kafkajs moves past the batch.
+      if (outcome === "taken" || outcome === "pause") {
+        payload.resolveOffset(records[records.length - 1]!.offset.toString())
       }
       if (outcome === "taken") {
         // Heartbeat here rather than after returning: a rebalance noticed inside the batch call can be held.
@@ -457,9 +515,14 @@ export const connect = (
           stop = true
           continue
         }
-        if (entry.settled) continue
-        if (!owned.has(entry.key) || paused.has(entry.key)) {
-          settle(entry, paused.has(entry.key) ? "pause" : "stale")
+        if (entry.done) continue
+        if (!owned.has(entry.key)) {
+          finish(entry, "stale")
+          continue
+        }
+        if (paused.has(entry.key)) {
+          park(entry.key)
+          rest.push(entry)
           continue
         }
         const room = options.maxPollRecords - (counts.get(entry.key) ?? 0)
@@ -472,7 +535,7 @@ export const connect = (
         counts.set(entry.key, (counts.get(entry.key) ?? 0) + taken.length)
         positions.set(entry.key, taken[taken.length - 1]!.offset + 1n)
         out.push({ _tag: "Records", partition: entry.partition, records: Chunk.unsafeFromArray(taken) })
-        if (entry.next >= entry.records.length) settle(entry, "taken")
+        if (entry.next >= entry.records.length) finish(entry, "taken")
         else rest.push(entry)
       }
       pending = rest
@@ -584,8 +647,15 @@ export const connect = (
         if (position < 0n) {
           return Effect.fail(new DriverError({ operation: "seek", reason: `negative position ${position} for ${key}` }))
         }
-        dropInflight(key, "seek")
         positions.set(key, position)
+        // The batch already fetched from this very position (the first fetch after an assignment starts at the
+        // committed offset, where the runloop usually seeks) is kept, and kafkajs's fetch position is left alone.
+        const live = inflight.get(key)
+        if (live !== undefined && live.size === 1) {
+          const [entry] = live
+          if (entry!.records[entry!.next]?.offset === position) return Effect.void
+        }
+        dropInflight(key, "seek")
         return Effect.try({
           try: () => consumer.seek({ topic: tp.topic, partition: tp.partition, offset: position.toString() }),
           catch: driverError("seek")
@@ -594,32 +664,24 @@ export const connect = (
 
     const pause = (partitions: ReadonlyArray<TopicPartition.TopicPartition>): Effect.Effect<void> =>
       Effect.sync(() => {
-        const list = ownedOnly(partitions)
-        for (const tp of list) {
+        for (const tp of ownedOnly(partitions)) {
           const key = TopicPartition.key(tp)
           paused.add(key)
-          dropInflight(key, "pause")
-        }
-        for (const [topic, ps] of byTopic(list)) {
-          try {
-            consumer.pause([{ topic, partitions: ps }])
-          } catch (error) {
-            log("warning", `pause of ${topic} ${ps.join(",")} not applied: ${describe(error)}`)
-          }
+          park(key)
         }
       })
 
     const resume = (partitions: ReadonlyArray<TopicPartition.TopicPartition>): Effect.Effect<void> =>
       Effect.sync(() => {
-        const list = partitions.filter((tp) => paused.has(TopicPartition.key(tp)))
-        for (const tp of list) paused.delete(TopicPartition.key(tp))
-        for (const [topic, ps] of byTopic(list)) {
-          try {
-            consumer.resume([{ topic, partitions: ps }])
-          } catch (error) {
-            log("warning", `resume of ${topic} ${ps.join(",")} not applied: ${describe(error)}`)
-          }
+        let parked = false
+        for (const tp of partitions) {
+          const key = TopicPartition.key(tp)
+          if (!paused.delete(key)) continue
+          if ((inflight.get(key)?.size ?? 0) > 0) parked = true
+          resumeFetch(key)
         }
+        // Records kept while paused are ready now: a `poll` waiting for the next fetch must not wait for it.
+        if (parked) enqueue({ _tag: "Wake" })
       })
 
     const closeTimeout = Duration.millis(Math.max(sessionTimeout, 10_000) + settings.maxWaitTimeInMs)
@@ -629,11 +691,14 @@ export const connect = (
         dropInflight(undefined, "close")
         if (revoke !== undefined) releaseRevoke(revoke)
         // Leaves the group; kafkajs waits for batch calls (released above) and the fetch in flight.
+        // Finalizers are uninterruptible: the disconnect must be interruptible for its time limit to hold.
         yield* Effect.tryPromise({ try: () => consumer.disconnect(), catch: driverError("disconnect") }).pipe(
+          Effect.interruptible,
           Effect.timeoutOption(closeTimeout),
           Effect.catchAll((error) => Effect.logWarning(`kafkajs consumer did not disconnect cleanly: ${error.reason}`))
         )
         yield* Effect.tryPromise({ try: () => admin.disconnect(), catch: driverError("disconnect") }).pipe(
+          Effect.interruptible,
           Effect.timeoutOption("5 seconds"),
           Effect.ignore
         )
