@@ -90,6 +90,8 @@ interface Member {
   id: string
   readonly groupId: string
   readonly options: SessionOptions
+  /** `options.sessionTimeout` in millis, decoded once: every poll checks it. */
+  readonly sessionMillis: number
   readonly static: boolean
   generation: number
   assigned: Array<TopicPartition.TopicPartition>
@@ -253,7 +255,7 @@ const makeBroker = (options: Options) =>
     const expire = (group: Group, now: number): boolean => {
       let any = false
       for (const m of [...group.members]) {
-        const sessionExpired = now - m.lastHeartbeat > Duration.toMillis(m.options.sessionTimeout)
+        const sessionExpired = now - m.lastHeartbeat > m.sessionMillis
         const releaseExpired = m.awaitingRelease && now > m.rebalanceDeadline
         if (sessionExpired || releaseExpired) {
           evict(m, now)
@@ -288,6 +290,20 @@ const makeBroker = (options: Options) =>
       }
     }
 
+    // Fetched records are views of the log, not copies. A view is a slice of a chunk over the log as long as it was
+    // when the view was made: the log only grows, so what a slice covers never changes. The chunk over the whole log
+    // is never handed out, since it wraps the array that grows.
+    const views = new WeakMap<Array<ConsumerRecord>, Chunk.Chunk<ConsumerRecord>>()
+    const slice = (log: Array<ConsumerRecord>, from: number, end: number): Chunk.Chunk<ConsumerRecord> => {
+      if (from === 0 && end === log.length) return Chunk.unsafeFromArray(log.slice(from, end))
+      let view = views.get(log)
+      if (view === undefined || Chunk.size(view) !== log.length) {
+        view = Chunk.unsafeFromArray(log)
+        views.set(log, view)
+      }
+      return Chunk.take(Chunk.drop(view, from), end - from)
+    }
+
     const fetch = (member: Member): Array<DriverEvent> => {
       const out: Array<DriverEvent> = []
       const group = groupOf(member.groupId)
@@ -301,10 +317,10 @@ const makeBroker = (options: Options) =>
         const position = member.positions.get(k)
         if (position === undefined || position >= BigInt(log.length)) continue
         const from = Number(position)
-        const records = log.slice(from, from + member.options.maxPollRecords)
-        member.positions.set(k, position + BigInt(records.length))
-        member.fetched += records.length
-        out.push({ _tag: "Records", partition: tp, records: Chunk.unsafeFromArray(records) })
+        const end = Math.min(from + member.options.maxPollRecords, log.length)
+        member.positions.set(k, BigInt(end))
+        member.fetched += end - from
+        out.push({ _tag: "Records", partition: tp, records: slice(log, from, end) })
       }
       return out
     }
@@ -329,6 +345,7 @@ const makeBroker = (options: Options) =>
       id: `${options.clientId}-${++memberSeq}`,
       groupId: options.groupId,
       options,
+      sessionMillis: Duration.toMillis(options.sessionTimeout),
       static: options.subscription._tag === "Partitions",
       generation: 0,
       assigned: [],
@@ -388,24 +405,47 @@ const makeBroker = (options: Options) =>
           })
         )
 
-        const poll: Effect.Effect<ReadonlyArray<DriverEvent>, DriverError> = Effect.gen(function*() {
+        const poll: Effect.Effect<ReadonlyArray<DriverEvent>, DriverError> = Effect.clockWith((clock) => {
+          // The common case, a member that is neither dead nor frozen and has something to return, takes no
+          // generator and no extra steps: it runs once per poll loop turn.
+          if (member.dead || member.frozen) return slowPoll
+          const wake = changed
+          const t = clock.unsafeCurrentTimeMillis()
+          member.lastHeartbeat = t
+          const first = pollOnce(member, t)
+          if (first === "lost" || first.length === 0 || changedPending) {
+            return Effect.zipRight(flushNotify, afterFirst(wake, first))
+          }
+          return Effect.succeed(first)
+        })
+
+        const slowPoll: Effect.Effect<ReadonlyArray<DriverEvent>, DriverError> = Effect.gen(function*() {
           yield* whileFrozen(member)
           const wake = changed
           const t = yield* Clock.currentTimeMillis
           member.lastHeartbeat = t
           const first = pollOnce(member, t)
           yield* flushNotify
-          if (first === "lost") return yield* lostAndRejoin
-          if (first.length > 0) return first
-          const woke = yield* Deferred.await(wake).pipe(Effect.timeoutOption(options.pollTimeout))
-          if (Option.isNone(woke)) return []
-          yield* whileFrozen(member)
-          const t2 = yield* Clock.currentTimeMillis
-          const second = pollOnce(member, t2)
-          yield* flushNotify
-          if (second === "lost") return yield* lostAndRejoin
-          return second
+          return yield* afterFirst(wake, first)
         })
+
+        // What follows the first look: a lost member rejoins; an empty poll waits for a change, up to the poll timeout.
+        const afterFirst = (
+          wake: Deferred.Deferred<void>,
+          first: Array<DriverEvent> | "lost"
+        ): Effect.Effect<ReadonlyArray<DriverEvent>, DriverError> =>
+          Effect.gen(function*() {
+            if (first === "lost") return yield* lostAndRejoin
+            if (first.length > 0) return first
+            const woke = yield* Deferred.await(wake).pipe(Effect.timeoutOption(options.pollTimeout))
+            if (Option.isNone(woke)) return []
+            yield* whileFrozen(member)
+            const t2 = yield* Clock.currentTimeMillis
+            const second = pollOnce(member, t2)
+            yield* flushNotify
+            if (second === "lost") return yield* lostAndRejoin
+            return second
+          })
 
         // An evicted member learns that its partitions are gone, then joins again as a new member, as a Kafka
         // consumer does when its next request is answered with UNKNOWN_MEMBER_ID.
@@ -423,33 +463,45 @@ const makeBroker = (options: Options) =>
           return [{ _tag: "Lost", partitions: lost }] as ReadonlyArray<DriverEvent>
         })
 
-        const commit = (offsets: OffsetBatch.OffsetBatch) =>
-          Effect.gen(function*() {
-            yield* whileFrozen(member)
-            if (!member.inGroup) {
-              return yield* new CommitFailed({ reason: "UnknownMember", retriable: false, detail: member.id })
-            }
-            const group = groupOf(member.groupId)
-            if (!member.static && member.generation !== group.generation) {
-              return yield* new CommitFailed({
+        const commitNow = (offsets: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> => {
+          if (!member.inGroup) {
+            return Effect.fail(new CommitFailed({ reason: "UnknownMember", retriable: false, detail: member.id }))
+          }
+          const group = groupOf(member.groupId)
+          if (!member.static && member.generation !== group.generation) {
+            return Effect.fail(
+              new CommitFailed({
                 reason: "IllegalGeneration",
                 retriable: false,
                 detail: `member generation ${member.generation}, group generation ${group.generation}`
               })
-            }
-            // The broker itself would take a commit for any partition from a member of the current generation;
-            // refusing partitions the member does not own keeps a late commit from moving another owner's position.
-            const owns = new Set(member.assigned.map(TopicPartition.key))
-            const foreign = [...offsets.positions.keys()].filter((k) => !owns.has(k))
-            if (foreign.length > 0) {
-              return yield* new CommitFailed({
+            )
+          }
+          // The broker itself would take a commit for any partition from a member of the current generation;
+          // refusing partitions the member does not own keeps a late commit from moving another owner's position.
+          const owns = new Set(member.assigned.map(TopicPartition.key))
+          const foreign = [...offsets.positions.keys()].filter((k) => !owns.has(k))
+          if (foreign.length > 0) {
+            return Effect.fail(
+              new CommitFailed({
                 reason: "IllegalGeneration",
                 retriable: false,
                 detail: `${foreign.join(", ")} not assigned to ${member.id}`
               })
-            }
-            for (const [k, position] of offsets.positions) group.committed.set(k, position)
-          })
+            )
+          }
+          for (const [k, position] of offsets.positions) group.committed.set(k, position)
+          return Effect.void
+        }
+
+        // A commit runs once per batch of handled records: without a generator, and in one step when the member is
+        // neither frozen nor dead.
+        const commit = (offsets: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> =>
+          Effect.suspend(() =>
+            member.dead || member.frozen
+              ? Effect.zipRight(whileFrozen(member), Effect.suspend(() => commitNow(offsets)))
+              : commitNow(offsets)
+          )
 
         const session: DriverSession = {
           get memberId() {

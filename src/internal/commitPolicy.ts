@@ -3,7 +3,7 @@ import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
-import * as Queue from "effect/Queue"
+import * as Mailbox from "effect/Mailbox"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
@@ -18,8 +18,27 @@ import * as TopicPartition from "../TopicPartition.js"
 /** Retriable commit failures (a coordinator moving, a rebalance starting) are retried a few times. */
 const commitRetry = Schedule.exponential(Duration.millis(20)).pipe(Schedule.intersect(Schedule.recurs(5)))
 
+// The schedule is built only once a commit has failed: a commit that lands at once costs no retry machinery. The
+// first failure is handed to the schedule as if it had driven that attempt.
 const commitOnce = (session: DriverSession, batch: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> =>
-  session.commit(batch).pipe(Effect.retry({ schedule: commitRetry, while: (e) => e.retriable }))
+  Effect.catchIf(session.commit(batch), (e) => e.retriable, (first) => {
+    let replayed = false
+    return Effect.retry(
+      Effect.suspend(() => {
+        if (replayed) return session.commit(batch)
+        replayed = true
+        return Effect.fail(first)
+      }),
+      { schedule: commitRetry, while: (e) => e.retriable }
+    )
+  })
+
+/** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
+const andThen = <E1, R1, E2, R2>(
+  first: Effect.Effect<void, E1, R1>,
+  second: Effect.Effect<void, E2, R2>
+): Effect.Effect<void, E1 | E2, R1 | R2> =>
+  first === Effect.void ? second : second === Effect.void ? first : Effect.zipRight(first, second)
 
 const lastPosition = (records: Chunk.Chunk<ConsumerRecord.ConsumerRecord>): bigint =>
   ConsumerRecord.nextPosition(Chunk.unsafeLast(records))
@@ -52,35 +71,38 @@ export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance
 
 /** Pending positions merged by highest per partition, committed one batch at a time. */
 const makeCommitter = (context: PolicyContext) =>
-  Effect.gen(function*() {
-    let pending = OffsetBatch.empty
+  Effect.map(Effect.makeSemaphore(1), (lock) => {
+    // Mutable and private: adding a position is a map write, not a copy of the batch.
+    let pending = new Map<string, bigint>()
     let count = 0
-    const lock = yield* Effect.makeSemaphore(1)
     const flush = lock.withPermits(1)(Effect.suspend(() => {
-      if (OffsetBatch.isEmpty(pending)) return Effect.void
-      const batch = pending
-      pending = OffsetBatch.empty
+      if (pending.size === 0) return Effect.void
+      const batch: OffsetBatch.OffsetBatch = { positions: pending }
+      pending = new Map()
       count = 0
       const partitions = OffsetBatch.entries(batch).map(([tp]) => tp)
-      return context.crashAt("beforeCommit", partitions).pipe(
-        Effect.zipRight(context.guard(commitOnce(context.session, batch)).pipe(
+      return andThen(
+        context.crashAt("beforeCommit", partitions),
+        context.guard(commitOnce(context.session, batch)).pipe(
           // A refused commit means the member lost these partitions; their records will be handled again by the
           // next owner (a duplicate, never a loss). The runloop learns of the loss from the driver.
-          Effect.catchAll((error) => Effect.logWarning("commit refused; positions dropped", error))
-        )),
-        Effect.zipRight(context.crashAt("afterCommit", partitions))
+          Effect.catchAll((error) => Effect.logWarning("commit refused; positions dropped", error)),
+          (committed) => andThen(committed, context.crashAt("afterCommit", partitions))
+        )
       )
     }))
     return {
-      add: (partition: TopicPartition.TopicPartition, position: bigint, records: number) =>
-        Effect.sync(() => {
-          pending = OffsetBatch.add(pending, partition, position)
-          count += records
-          return count
-        }),
+      /** Adds a handled position at once; returns the records handled since the last flush. */
+      unsafeAdd: (partition: TopicPartition.TopicPartition, position: bigint, records: number): number => {
+        const k = TopicPartition.key(partition)
+        const current = pending.get(k)
+        if (current === undefined || position > current) pending.set(k, position)
+        count += records
+        return count
+      },
       forget: (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
         Effect.sync(() => {
-          pending = OffsetBatch.without(pending, partitions)
+          for (const tp of partitions) pending.delete(TopicPartition.key(tp))
         }),
       flush
     } as const
@@ -98,7 +120,10 @@ export const autoCommit = (
     return {
       name: "autoCommit",
       startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
-      delivered: (partition, next) => Effect.asVoid(committer.add(partition, next, 0)),
+      delivered: (partition, next) =>
+        Effect.sync(() => {
+          committer.unsafeAdd(partition, next, 0)
+        }),
       polled: Effect.gen(function*() {
         const now = yield* Clock.currentTimeMillis
         if (now - last < every) return
@@ -127,23 +152,48 @@ export const commitAfter = (
     const committer = yield* makeCommitter(context)
     // The commit is off the worker's path: a worker that completes a batch wakes the committer and goes on; one
     // commit is in flight at a time and carries every position handled meanwhile (merged, highest per partition).
-    const due = yield* Queue.sliding<void>(1)
+    // Time: `maxInterval` after the last commit ended, as a timer fiber of its own that asks the committer like a
+    // full batch does (racing the wait against a sleep forked two fibers and interrupted one on every commit).
+    // A mailbox, not a queue: a committer that waits costs a callback, not a deferred.
+    const due = yield* Mailbox.make<void>({ capacity: 1, strategy: "sliding" })
+    const every = Duration.toMillis(maxInterval)
+    let deadline = (yield* Clock.currentTimeMillis) + every
+    const commits: Effect.Effect<void, PolicyError> = Effect.flatMap(due.takeAll, () =>
+      Effect.flatMap(committer.flush, () =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          deadline = now + every
+          return commits
+        })))
+    yield* context.fork(commits)
     yield* context.fork(
-      Effect.race(Queue.take(due), Effect.sleep(maxInterval)).pipe(Effect.zipRight(committer.flush), Effect.forever)
+      Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        if (now < deadline) return Effect.sleep(Duration.millis(deadline - now))
+        deadline = now + every
+        due.unsafeOffer(undefined)
+        return Effect.sleep(maxInterval)
+      }).pipe(Effect.forever)
     )
     return {
       name: "commitAfter",
       startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
       delivered: () => Effect.void,
       polled: Effect.void,
-      process: (partition, records, work, retry) =>
-        Effect.gen(function*() {
-          yield* context.crashAt("beforeHandler", [partition])
-          yield* context.guard(withoutTransaction(retry(work)))
-          yield* context.crashAt("afterHandler", [partition])
-          const count = yield* committer.add(partition, lastPosition(records), Chunk.size(records))
-          if (count >= maxBatch) yield* Queue.offer(due, undefined)
-        }),
+      // Runs once per chunk: combinators rather than a generator, and the bookkeeping after the handler is one
+      // synchronous step.
+      process: (partition, records, work, retry) => {
+        const handled = andThen(
+          context.guard(withoutTransaction(retry(work))),
+          context.crashAt("afterHandler", [partition])
+        )
+        return andThen(
+          context.crashAt("beforeHandler", [partition]),
+          Effect.map(handled, () => {
+            if (committer.unsafeAdd(partition, lastPosition(records), Chunk.size(records)) >= maxBatch) {
+              due.unsafeOffer(undefined)
+            }
+          })
+        )
+      },
       revoke: () => committer.flush,
       lost: committer.forget
     } satisfies PolicyInstance

@@ -6,13 +6,13 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
-import * as Queue from "effect/Queue"
+import * as Mailbox from "effect/Mailbox"
 import type * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
 import { CommitPolicy, type PolicyContext, type PolicyError } from "../CommitPolicy.js"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
 import { Driver, type DriverEvent, type SessionOptions } from "../Driver.js"
-import { Crashed, type CrashPoint, Faults } from "../Faults.js"
+import { Crashed, Faults } from "../Faults.js"
 import { type ConfigError, type DriverError, HandlerFailed } from "../KafkaError.js"
 import type { Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
@@ -42,7 +42,8 @@ interface PartitionState {
   readonly tp: TopicPartition.TopicPartition
   readonly key: string
   readonly scope: Scope.CloseableScope
-  readonly queue: Queue.Queue<Chunk.Chunk<ConsumerRecord>>
+  /** Fetched chunks waiting for the worker. A mailbox: a worker that waits costs a callback, not a deferred. */
+  readonly queue: Mailbox.Mailbox<Chunk.Chunk<ConsumerRecord>>
   readonly lock: Effect.Semaphore
   /** Next offset expected from a fetch; records below it (fetched before a seek) are dropped. */
   next: bigint
@@ -79,23 +80,23 @@ export const run = <E, R, EH, RH>(
     const crashSignal = yield* Deferred.make<void>()
 
     // After a crash nothing reaches the outside any more; the consumer ends with `Crashed` through `failure`.
-    const guard = <A, E1, R1>(effect: Effect.Effect<A, E1, R1>): Effect.Effect<A, E1, R1> =>
-      Effect.suspend(() => crashed ? Effect.never : effect)
+    // Only an injected fault crashes a member, so without faults there is nothing to check.
+    const guard = Option.isNone(faults)
+      ? <A, E1, R1>(effect: Effect.Effect<A, E1, R1>): Effect.Effect<A, E1, R1> => effect
+      : <A, E1, R1>(effect: Effect.Effect<A, E1, R1>): Effect.Effect<A, E1, R1> =>
+        Effect.suspend(() => crashed ? Effect.never : effect)
 
-    const crashAt = (point: CrashPoint, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
-      Option.match(faults, {
-        onNone: () => Effect.void,
-        onSome: (f) =>
-          guard(f.crashAt(point, session.memberId, partitions)).pipe(
-            Effect.flatMap((dies) => {
-              if (!dies) return Effect.void
-              crashed = true
-              return Deferred.succeed(crashSignal, undefined).pipe(
-                Effect.zipRight(Effect.die(new Crashed({ memberId: session.memberId, point })))
-              )
-            })
+    // Without injected faults a crash point is a constant no-op: no effect is built per chunk.
+    const crashAt: PolicyContext["crashAt"] = Option.isNone(faults) ? () => Effect.void : (point, partitions) =>
+      Effect.suspend(() => crashed ? Effect.never : faults.value.crashAt(point, session.memberId, partitions)).pipe(
+        Effect.flatMap((dies) => {
+          if (!dies) return Effect.void
+          crashed = true
+          return Deferred.succeed(crashSignal, undefined).pipe(
+            Effect.zipRight(Effect.die(new Crashed({ memberId: session.memberId, point })))
           )
-      })
+        })
+      )
 
     const report = (cause: Cause.Cause<unknown>) =>
       Cause.isInterruptedOnly(cause) ? Effect.void : Deferred.failCause(failure, cause)
@@ -145,18 +146,28 @@ export const run = <E, R, EH, RH>(
         return guard(session.resume([state.tp]))
       }))
 
-    const worker = (state: PartitionState): Effect.Effect<void, unknown> =>
-      Effect.gen(function*() {
-        while (true) {
-          const records = yield* Queue.take(state.queue)
-          if (state.stopping) return
-          yield* policy.process(state.tp, records, handler(records, state.tp), retry).pipe(
-            Effect.catchAll(toHandlerFailed(state.tp, records))
-          )
-          state.outstanding -= Chunk.size(records)
-          yield* maybeResume(state)
-        }
-      }).pipe(Effect.provide(context))
+    // Chunks one after another, each as it was fetched. The worker takes every chunk waiting at once and handles
+    // them in a loop of flatMaps rather than a generator: this runs once per chunk.
+    const worker = (state: PartitionState): Effect.Effect<void, unknown> => {
+      const tp = state.tp
+      type Step = Effect.Effect<void, unknown, Exclude<R, Transaction>>
+      const loop: Step = Effect.flatMap(state.queue.takeAll, ([chunks, done]) => next(chunks, 0, done))
+      const next = (chunks: Chunk.Chunk<Chunk.Chunk<ConsumerRecord>>, at: number, done: boolean): Step => {
+        if (state.stopping || (done && at === Chunk.size(chunks))) return Effect.void
+        if (at === Chunk.size(chunks)) return loop
+        const records = Chunk.unsafeGet(chunks, at)
+        return policy.process(tp, records, handler(records, tp), retry).pipe(
+          Effect.catchAll(toHandlerFailed(tp, records)),
+          Effect.flatMap(() => {
+            state.outstanding -= Chunk.size(records)
+            return state.paused
+              ? Effect.zipRight(maybeResume(state), Effect.suspend(() => next(chunks, at + 1, done)))
+              : next(chunks, at + 1, done)
+          })
+        )
+      }
+      return Effect.provide(loop, context)
+    }
 
     const assign = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
       Effect.gen(function*() {
@@ -173,7 +184,7 @@ export const run = <E, R, EH, RH>(
             tp,
             key,
             scope: yield* Scope.make(),
-            queue: yield* Queue.unbounded<Chunk.Chunk<ConsumerRecord>>(),
+            queue: yield* Mailbox.make<Chunk.Chunk<ConsumerRecord>>(),
             lock: yield* Effect.makeSemaphore(1),
             next: position,
             outstanding: 0,
@@ -195,7 +206,7 @@ export const run = <E, R, EH, RH>(
     const stopWorker = (state: PartitionState) =>
       Effect.gen(function*() {
         state.stopping = true
-        yield* Queue.shutdown(state.queue)
+        yield* state.queue.shutdown
         if (state.worker === undefined) return
         // Interruptible, so that the deadline holds even when this runs in a finalizer; a crash meanwhile ends the
         // wait at once.
@@ -246,29 +257,35 @@ export const run = <E, R, EH, RH>(
         yield* closePartitions(states, true)
       })
 
-    const enqueue = (tp: TopicPartition.TopicPartition, fetched: Chunk.Chunk<ConsumerRecord>) =>
-      Effect.suspend(() => {
-        const state = owned.get(TopicPartition.key(tp))
-        if (state === undefined || state.stopping || Chunk.isEmpty(fetched)) return Effect.void
-        // A gap means the fetch did not start where this partition's position is: fetch again from there rather
-        // than skip records.
-        if (Chunk.unsafeHead(fetched).offset > state.next) return guard(session.seek(tp, state.next))
-        const records = Chunk.unsafeHead(fetched).offset >= state.next
-          ? fetched
-          : Chunk.filter(fetched, (r) => r.offset >= state.next)
-        if (Chunk.isEmpty(records)) return Effect.void
-        const next = Chunk.unsafeLast(records).offset + 1n
-        state.next = next
-        state.outstanding += Chunk.size(records)
-        return Queue.offer(state.queue, records).pipe(
-          Effect.zipRight(policy.delivered(tp, next)),
-          Effect.zipRight(state.paused || state.outstanding + maxPoll <= config.bufferSize ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
-            if (state.paused || state.outstanding + maxPoll <= config.bufferSize) return Effect.void
-            state.paused = true
-            return session.pause([tp])
-          })))
-        )
-      })
+    const pause = (state: PartitionState) =>
+      state.lock.withPermits(1)(Effect.suspend(() => {
+        if (state.paused || state.outstanding + maxPoll <= config.bufferSize) return Effect.void
+        state.paused = true
+        return session.pause([state.tp])
+      }))
+
+    // Runs when called, in the poll loop: the bookkeeping and the hand-over to the worker are synchronous, and an
+    // effect is returned only for what needs one (a seek, the policy's `delivered`, a pause).
+    const enqueue = (
+      tp: TopicPartition.TopicPartition,
+      fetched: Chunk.Chunk<ConsumerRecord>
+    ): Effect.Effect<void, DriverError> => {
+      const state = owned.get(TopicPartition.key(tp))
+      if (state === undefined || state.stopping || Chunk.isEmpty(fetched)) return Effect.void
+      // A gap means the fetch did not start where this partition's position is: fetch again from there rather
+      // than skip records.
+      const first = Chunk.unsafeHead(fetched).offset
+      if (first > state.next) return guard(session.seek(tp, state.next))
+      const records = first >= state.next ? fetched : Chunk.filter(fetched, (r) => r.offset >= state.next)
+      if (Chunk.isEmpty(records)) return Effect.void
+      const next = Chunk.unsafeLast(records).offset + 1n
+      state.next = next
+      state.outstanding += Chunk.size(records)
+      state.queue.unsafeOffer(records)
+      const delivered = policy.delivered(tp, next)
+      if (state.paused || state.outstanding + maxPoll <= config.bufferSize) return delivered
+      return delivered === Effect.void ? pause(state) : Effect.zipRight(delivered, pause(state))
+    }
 
     const handle = (event: DriverEvent) => {
       switch (event._tag) {
@@ -281,6 +298,18 @@ export const run = <E, R, EH, RH>(
         case "Records":
           return enqueue(event.partition, event.records)
       }
+    }
+
+    // The events of one poll in order; an event is looked at only once the effects of those before it have run.
+    // Records that need no effect are handed over without building one.
+    const handleFrom = (events: ReadonlyArray<DriverEvent>, from: number): ReturnType<typeof handle> => {
+      for (let i = from; i < events.length; i++) {
+        const effect = handle(events[i]!)
+        if (effect === Effect.void) continue
+        if (i + 1 === events.length) return effect
+        return Effect.zipRight(effect, Effect.suspend(() => handleFrom(events, i + 1)))
+      }
+      return Effect.void
     }
 
     // Leaving cleanly revokes everything owned first, so the last positions are committed or stored. A crashed
@@ -308,7 +337,7 @@ export const run = <E, R, EH, RH>(
     )
 
     const loop = guard(session.poll).pipe(
-      Effect.flatMap((events) => Effect.forEach(events, handle, { discard: true })),
+      Effect.flatMap((events) => handleFrom(events, 0)),
       Effect.zipRight(policy.polled),
       Effect.forever
     )
