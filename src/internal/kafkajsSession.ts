@@ -465,12 +465,15 @@ export const connect = (
       const key = TopicPartition.key(tp)
       // A batch of a paused partition (fetched before the pause) is kept like any other: `drain` parks it.
       if (!owned.has(key) || batch.messages.length === 0) return
+      // Offsets only grow within a batch: records below the runloop's position can only be a prefix.
       const position = positions.get(key)
-      const records: Array<ConsumerRecord> = []
-      for (const message of batch.messages) {
-        const record = toConsumerRecord(batch.topic, batch.partition, message)
-        if (position === undefined || record.offset >= position) records.push(record)
+      const messages = batch.messages
+      let from = 0
+      if (position !== undefined) {
+        while (from < messages.length && BigInt(messages[from]!.offset) < position) from++
       }
+      const records: Array<ConsumerRecord> = []
+      for (let i = from; i < messages.length; i++) records.push(toConsumerRecord(batch.topic, batch.partition, messages[i]!))
       if (records.length === 0) return
       const entry = makeEntry(tp, key, records)
       enqueue(entry)
