@@ -10,10 +10,8 @@ import * as EffectConfigError from "effect/ConfigError"
 import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
-import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as Redacted from "effect/Redacted"
-import * as Runtime from "effect/Runtime"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import postgres from "postgres"
@@ -48,15 +46,8 @@ export interface Options {
 // The open transaction as the handler reaches it through `Transaction`; closed once the work has ended.
 class PgTransaction {
   open = true
-  constructor(readonly sql: postgres.TransactionSql) {}
+  constructor(readonly sql: postgres.ISql) {}
 }
-
-// Signals thrown out of the `begin` callback: postgres.js rolls back on any rejection and rethrows it.
-class WorkFailed {}
-class PositionMoved {
-  constructor(readonly actual: bigint | null) {}
-}
-class Cancelled {}
 
 // Rows are read as arrays of text, whatever parsers or column transforms a client passed in `sql` was set up with.
 const decodeRows = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.String, Schema.String, Schema.String)))
@@ -86,6 +77,11 @@ const validateIdentifiers = (options: Options) =>
     }
     return options.schema === undefined ? quote(table) : `${quote(options.schema)}.${quote(table)}`
   })
+
+// `unsafe` with parameters is otherwise sent unprepared, which costs a round trip of its own to describe the statement
+// every time. Prepared, it is described once per connection. A client set up with `prepare: false` (for a pooler in
+// transaction mode) keeps its setting.
+const prepared = { prepare: true }
 
 const errorCode = (cause: unknown): string | undefined =>
   typeof cause === "object" && cause !== null && "code" in cause && typeof cause.code === "string"
@@ -204,12 +200,14 @@ export const migrate = (options: Options): Effect.Effect<void, ConfigError | Off
 
 /**
  * The open transaction of the unit of work, for the handler to write its results in. Use it, not another client:
- * only what goes through it commits or rolls back with the position.
+ * only what goes through it commits or rolls back with the position. It is a connection in the middle of a
+ * transaction, typed as postgres.js's `ISql`: queries, `unsafe` and the helpers, but no `begin`, `reserve` or `end`,
+ * which would break the unit (a nested rollback point is a plain `savepoint` statement).
  *
  * @since 0.1.0
  * @category transactions
  */
-export const sql: Effect.Effect<postgres.TransactionSql, OffsetStoreError, Transaction> = Effect.flatMap(
+export const sql: Effect.Effect<postgres.ISql, OffsetStoreError, Transaction> = Effect.flatMap(
   Transaction,
   (transaction) => {
     const handle = transaction.handle
@@ -258,7 +256,7 @@ const make = (
             await client.sql.unsafe(
               `select topic, partition::text, next_offset::text from ${table}
                where group_id = $1 and topic = any($2::text[])`,
-              [groupId, topics]
+              [groupId, topics], prepared
             ).values()
           ),
         catch: toStoreError("load", target)
@@ -272,84 +270,102 @@ const make = (
       }))
     }
 
-    const storePosition = async (tx: postgres.TransactionSql, unit: CommitUnit): Promise<void> => {
+    const storePosition = (tx: postgres.Sql, unit: CommitUnit) => {
       const { groupId, partition: { partition, topic } } = unit
-      const result = unit.expected === null
-        ? await tx.unsafe(
+      return unit.expected === null
+        ? tx.unsafe(
           `insert into ${table} (group_id, topic, partition, next_offset, updated_at)
            values ($1, $2, $3::int, $4::bigint, now())
            on conflict (group_id, topic, partition) do nothing`,
-          [groupId, topic, partition, unit.next.toString()]
+          [groupId, topic, partition, unit.next.toString()], prepared
         )
-        : await tx.unsafe(
+        : tx.unsafe(
           `update ${table} set next_offset = $4::bigint, updated_at = now()
            where group_id = $1 and topic = $2 and partition = $3::int and next_offset = $5::bigint`,
-          [groupId, topic, partition, unit.next.toString(), unit.expected.toString()]
+          [groupId, topic, partition, unit.next.toString(), unit.expected.toString()], prepared
         )
-      if (result.count === 1) return
-      const rows = decodePosition(
-        await tx.unsafe(
-          `select next_offset::text from ${table} where group_id = $1 and topic = $2 and partition = $3::int`,
-          [groupId, topic, partition]
-        ).values()
-      )
-      throw new PositionMoved(rows.length === 0 ? null : BigInt(rows[0][0]))
     }
 
-    // postgres.js runs a transaction around a callback; the work runs in its own fiber inside it, with this fiber's
-    // context. Interrupting this fiber interrupts the work, which makes the callback reject, which rolls back.
+    const fenced = (tx: postgres.Sql, unit: CommitUnit): Effect.Effect<never, Fenced | OffsetStoreError> => {
+      const { groupId, partition: { partition, topic } } = unit
+      return Effect.tryPromise({
+        try: async () =>
+          decodePosition(
+            await tx.unsafe(
+              `select next_offset::text from ${table} where group_id = $1 and topic = $2 and partition = $3::int`,
+              [groupId, topic, partition], prepared
+            ).values()
+          ),
+        catch: toStoreError("commit", target)
+      }).pipe(Effect.flatMap((rows) => {
+        const actual = rows.length === 0 ? null : BigInt(rows[0][0])
+        return Effect.fail(new Fenced({ groupId, topic, partition, expected: unit.expected, actual }))
+      }))
+    }
+
+    // Rolls back and gives the connection back to the pool, in the background if it takes longer than the bound: a
+    // rollback waits behind the statements still running on the connection. A connection that was lost is not given
+    // back: postgres.js has already taken it out of the pool.
+    const rollback = (tx: postgres.ReservedSql): Effect.Effect<void> =>
+      Effect.tryPromise(() =>
+        tx.unsafe("rollback").then(() => tx.release(), (cause: unknown) => {
+          if (!UNREACHABLE.has(errorCode(cause) ?? "")) tx.release()
+        })
+      ).pipe(Effect.interruptible, Effect.ignore, Effect.timeoutOption("10 seconds"), Effect.asVoid)
+
+    // Waiting for a connection can be interrupted: a connection that arrives after that goes straight back.
+    const reserve = Effect.async<postgres.ReservedSql, OffsetStoreError>((resume) => {
+      let wanted = true
+      client.sql.reserve().then(
+        (tx) => wanted ? resume(Effect.succeed(tx)) : tx.release(),
+        (cause: unknown) => resume(Effect.fail(toStoreError("commit", target)(cause)))
+      )
+      return Effect.sync(() => {
+        wanted = false
+      })
+    })
+
+    // The unit on its reserved connection, the work on this fiber: interrupting the commit interrupts the work. BEGIN
+    // is sent without waiting for its answer, so that postgres.js pipelines it with the work's first statement; a
+    // failed BEGIN shows in that statement too, and is reported as the cause. The position is written after the work,
+    // so that a zombie stalled in its work holds no lock on it and the partition's new owner is not held up.
+    const runUnit = <A, E, R>(tx: postgres.ReservedSql, unit: CommitUnit, work: Effect.Effect<A, E, R>) =>
+      Effect.gen(function*() {
+        const begun = tx.unsafe("begin").execute()
+        // Its failure is read once the work has ended; this keeps it from going unhandled if the work is interrupted.
+        begun.catch(() => undefined)
+        const handle = new PgTransaction(tx)
+        const exit = yield* Effect.exit(
+          Effect.provideService(work, Transaction, { store: STORE, handle }).pipe(
+            Effect.ensuring(Effect.sync(() => {
+              handle.open = false
+            }))
+          )
+        )
+        yield* Effect.tryPromise({ try: () => begun, catch: toStoreError("commit", target) })
+        if (Exit.isFailure(exit)) return yield* exit
+        const stored = yield* Effect.tryPromise({
+          try: () => storePosition(tx, unit),
+          catch: toStoreError("commit", target)
+        })
+        if (stored.count !== 1) return yield* fenced(tx, unit)
+        // Once COMMIT is sent, its answer is awaited: an interruption now could not undo it.
+        yield* Effect.uninterruptible(
+          Effect.tryPromise({ try: () => tx.unsafe("commit"), catch: toStoreError("commit", target) })
+        )
+        return exit.value
+      })
+
     const commit = <A, E, R>(
       unit: CommitUnit,
       work: Effect.Effect<A, E, R>
     ): Effect.Effect<A, E | OffsetStoreError | Fenced, Exclude<R, Transaction>> =>
-      Effect.flatMap(Effect.runtime<Exclude<R, Transaction>>(), (runtime) =>
-        Effect.async<A, E | OffsetStoreError | Fenced>((resume) => {
-          let fiber: Fiber.RuntimeFiber<A, E> | undefined
-          let failure: Exit.Exit<A, E> | undefined
-          let cancelled = false
-          const settled = client.sql.begin(async (tx) => {
-            if (cancelled) throw new Cancelled()
-            const handle = new PgTransaction(tx)
-            const running = Runtime.runFork(runtime)(Effect.provideService(work, Transaction, { store: STORE, handle }))
-            fiber = running
-            const exit = await new Promise<Exit.Exit<A, E>>((resolve) => running.addObserver(resolve))
-            handle.open = false
-            if (Exit.isFailure(exit)) {
-              failure = exit
-              throw new WorkFailed()
-            }
-            if (cancelled) throw new Cancelled()
-            await storePosition(tx, unit)
-            return { value: exit.value }
-          }).then(
-            (box) => resume(Effect.succeed(box.value)),
-            (error: unknown) => {
-              if (error instanceof WorkFailed && failure !== undefined) {
-                resume(failure)
-              } else if (error instanceof PositionMoved) {
-                resume(Effect.fail(
-                  new Fenced({
-                    groupId: unit.groupId,
-                    topic: unit.partition.topic,
-                    partition: unit.partition.partition,
-                    expected: unit.expected,
-                    actual: error.actual
-                  })
-                ))
-              } else if (!(error instanceof Cancelled)) {
-                resume(Effect.fail(toStoreError("commit", target)(error)))
-              }
-            }
-          )
-          return Effect.suspend(() => {
-            cancelled = true
-            return fiber === undefined ? Effect.void : Fiber.interrupt(fiber)
-          }).pipe(
-            Effect.zipRight(Effect.tryPromise(() => settled).pipe(Effect.ignore)),
-            Effect.timeoutOption("10 seconds"),
-            Effect.asVoid
-          )
-        }))
+      Effect.uninterruptibleMask((restore) =>
+        Effect.flatMap(restore(reserve), (tx) =>
+          restore(runUnit(tx, unit, work)).pipe(
+            Effect.onExit((exit) => Exit.isSuccess(exit) ? Effect.sync(() => tx.release()) : rollback(tx))
+          ))
+      )
 
     return { name: STORE, load, commit }
   })

@@ -1,7 +1,10 @@
 import { afterAll, assert, describe, it } from "@effect/vitest"
+import * as Cause from "effect/Cause"
 import * as ConfigProvider from "effect/ConfigProvider"
 import * as Context from "effect/Context"
+import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import postgres from "postgres"
 import { ConfigError } from "../src/KafkaError.js"
@@ -89,10 +92,9 @@ const storeLayer = Layer.unwrapEffect(
   Effect.map(TestSql, (sql) => PgOffsetStore.layer({ sql, table, migrate: true }))
 )
 
-offsetStoreSuite(
-  "PgOffsetStore",
-  Layer.mergeAll(resultsInTable, storeLayer).pipe(Layer.provideMerge(testSql))
-)
+const suiteLayer = Layer.mergeAll(resultsInTable, storeLayer).pipe(Layer.provideMerge(testSql))
+
+offsetStoreSuite("PgOffsetStore", suiteLayer)
 
 afterAll(async () => {
   const sql = postgres(url, { onnotice: () => {}, max: 1 })
@@ -216,4 +218,105 @@ describe("PgOffsetStore", () => {
       assert.instanceOf(error, OffsetStore.OffsetStoreError)
       assert.include(error.message, "OffsetStore.append")
     }))
+
+  it.live("does not hold up the partition's new owner while a zombie is stalled in its work", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const results = yield* SuiteResults
+      const groupId = `g-${crypto.randomUUID()}`
+      const unit = (expected: bigint | null, next: bigint) => ({ groupId, partition: orders0, expected, next })
+      yield* store.commit(unit(null, 1n), results.write(groupId, orders0, ["a"]))
+
+      const zombieWrote = yield* Deferred.make<void>()
+      const wakeZombie = yield* Deferred.make<void>()
+      const zombie = yield* Effect.fork(
+        store.commit(
+          unit(1n, 3n),
+          results.write(groupId, orders0, ["zombie"]).pipe(
+            Effect.zipRight(Deferred.succeed(zombieWrote, undefined)),
+            Effect.zipRight(Deferred.await(wakeZombie))
+          )
+        )
+      )
+      yield* Deferred.await(zombieWrote)
+      // The zombie's transaction is open, with its results written: the owner's unit from the same position commits.
+      yield* store.commit(unit(1n, 2n), results.write(groupId, orders0, ["b"])).pipe(
+        Effect.timeoutFail({
+          duration: "10 seconds",
+          onTimeout: () => new Error("the owner's commit waited for the zombie's open transaction")
+        })
+      )
+      yield* Deferred.succeed(wakeZombie, undefined)
+      const fenced = yield* Fiber.join(zombie).pipe(Effect.flip)
+      assert.instanceOf(fenced, OffsetStore.Fenced)
+      if (fenced instanceof OffsetStore.Fenced) {
+        assert.strictEqual(fenced.expected, 1n)
+        assert.strictEqual(fenced.actual, 2n)
+      }
+      assert.deepStrictEqual(yield* results.read(groupId, orders0), ["a", "b"])
+      assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 2n)
+    }).pipe(Effect.provide(suiteLayer)))
+
+  it.live("reports a failed position statement as the store's error, and nothing of the unit lands", () =>
+    Effect.gen(function*() {
+      const results = yield* SuiteResults
+      const groupId = `g-${crypto.randomUUID()}`
+      const error = yield* Effect.flatMap(OffsetStore.OffsetStore, (store) =>
+        store.commit(
+          { groupId, partition: orders0, expected: null, next: 1n },
+          results.write(groupId, orders0, ["lost"])
+        )).pipe(
+          Effect.provide(Layer.unwrapEffect(
+            Effect.map(TestSql, (sql) => PgOffsetStore.layer({ sql, table: `missing_${run}` }))
+          )),
+          Effect.flip
+        )
+      assert.instanceOf(error, OffsetStore.OffsetStoreError)
+      assert.include(error.message, "PgOffsetStore.migrate")
+      assert.deepStrictEqual(yield* results.read(groupId, orders0), [])
+    }).pipe(Effect.provide(suiteLayer)))
+
+  it.live("gives its connection back to the pool whatever the outcome of a unit", () =>
+    Effect.gen(function*() {
+      // One connection in the pool: a unit that kept it would leave the next one waiting for ever.
+      const sql = yield* Effect.acquireRelease(
+        Effect.sync(() => postgres(url, { onnotice: () => {}, max: 1 })),
+        (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.ignore)
+      )
+      const store = yield* Layer.build(PgOffsetStore.layer({ sql, table, migrate: true })).pipe(
+        Effect.map(Context.get(OffsetStore.OffsetStore))
+      )
+      const groupId = `g-${crypto.randomUUID()}`
+      const unit = (expected: bigint | null, next: bigint) => ({ groupId, partition: orders0, expected, next })
+      const touch = Effect.flatMap(PgOffsetStore.sql, (tx) => Effect.tryPromise(() => tx.unsafe("select 1")))
+
+      yield* store.commit(unit(null, 1n), touch)
+      const failed = yield* store.commit(unit(1n, 2n), Effect.zipRight(touch, Effect.fail("handler failed"))).pipe(
+        Effect.flip
+      )
+      assert.strictEqual(failed, "handler failed")
+      assert.instanceOf(yield* store.commit(unit(5n, 6n), touch).pipe(Effect.flip), OffsetStore.Fenced)
+      const broken = yield* store.commit(
+        unit(1n, 2n),
+        Effect.flatMap(PgOffsetStore.sql, (tx) => Effect.tryPromise(() => tx.unsafe("select * from no_such_table")))
+      ).pipe(Effect.flip)
+      assert.isTrue(Cause.isUnknownException(broken), "the work's own error")
+      const started = yield* Deferred.make<void>()
+      const stalled = yield* Effect.fork(
+        store.commit(
+          unit(1n, 2n),
+          touch.pipe(Effect.zipRight(Deferred.succeed(started, undefined)), Effect.zipRight(Effect.never))
+        )
+      )
+      yield* Deferred.await(started)
+      yield* Fiber.interrupt(stalled)
+
+      yield* store.commit(unit(1n, 2n), touch).pipe(
+        Effect.timeoutFail({
+          duration: "10 seconds",
+          onTimeout: () => new Error("the pool's only connection was kept")
+        })
+      )
+      assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 2n)
+    }).pipe(Effect.scoped))
 })

@@ -87,7 +87,7 @@ const member = (options: MemberOptions) =>
         }),
       onRevoke: (tp) => Console.log(`revoked ${TopicPartition.key(tp)}`)
     }
-    const write = (sql: postgres.Sql | postgres.TransactionSql, records: Chunk.Chunk<ConsumerRecord>, tp: TopicPartition.TopicPartition) =>
+    const write = (sql: postgres.ISql, records: Chunk.Chunk<ConsumerRecord>, tp: TopicPartition.TopicPartition) =>
       Effect.tryPromise({
         try: () => recordHandled(sql, options.resultsTable, tp.topic, tp.partition, offsetsOf(records)),
         catch: (cause) => new ResultsWriteFailed({ cause })

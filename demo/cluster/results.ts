@@ -21,7 +21,7 @@ export const createResultsTable = (sql: postgres.Sql, table: string) =>
  * `transactional` the offset store's open transaction.
  */
 export const recordHandled = (
-  sql: postgres.Sql | postgres.TransactionSql,
+  sql: postgres.ISql,
   table: string,
   topic: string,
   partition: number,
