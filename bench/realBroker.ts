@@ -1,8 +1,10 @@
 /**
  * Benchmarks 1 and 2: the library against raw kafkajs on a real broker.
  */
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
 import { driverLayer, library, rawKafkajs } from "./consumers.js"
-import { type BenchResult, compare, type Plan, ratioAtLeast, timed } from "./harness.js"
+import { type BenchResult, compare, type Plan, ratioAtLeast, ratioInfo, type Sample, timed } from "./harness.js"
 import type { Topics } from "./topics.js"
 
 export interface RealBrokerSizes {
@@ -51,6 +53,24 @@ export const overhead = (
     }
   })
 
+/** `records` timers of 1 ms, one after another in each of `lanes` lanes, as promises or as Effect fibers. */
+const timerLanes = async (records: number, lanes: number, style: "promise" | "effect"): Promise<Sample> => {
+  const perLane = Math.ceil(records / lanes)
+  const started = performance.now()
+  if (style === "promise") {
+    const sleep = () => new Promise<void>((resolve) => setTimeout(resolve, 1))
+    await Promise.all(Array.from({ length: lanes }, async () => {
+      for (let i = 0; i < perLane; i++) await sleep()
+    }))
+  } else {
+    const sleep = Effect.sleep(Duration.millis(1))
+    const lane = Effect.forEach(Array.from({ length: perLane }), () => sleep, { discard: true })
+    await Effect.runPromise(Effect.all(Array.from({ length: lanes }, () => lane), { concurrency: "unbounded" }))
+  }
+  const millis = performance.now() - started
+  return { value: (perLane * lanes) / (millis / 1000), details: { "total ms": millis } }
+}
+
 /**
  * 2. Handlers that wait on I/O: every record costs a 1 ms timer. The library runs partitions concurrently; kafkajs
  * gets `partitionsConsumedConcurrently: 6`.
@@ -71,7 +91,19 @@ export const realistic = (
         label: "raw kafkajs eachMessage, 6 concurrent partitions",
         run: () => rawKafkajs(brokers, topic, "eachMessage", "timer1ms", true)
       },
-      { id: "lib", label: "library runEach, commitAfter", run: () => library(driver, topic, "each", "timer1ms") }
+      { id: "lib", label: "library runEach, commitAfter", run: () => library(driver, topic, "each", "timer1ms") },
+      // No Kafka at all: the same timers, one lane per partition. What any consumer written with promises (timers)
+      // or with Effect fibers (fxTimers) could reach at best on this machine.
+      {
+        id: "timers",
+        label: "no Kafka: await setTimeout(1) per record, 6 lanes",
+        run: () => timerLanes(topic.records, topic.partitions, "promise")
+      },
+      {
+        id: "fxTimers",
+        label: "no Kafka: Effect.sleep(1 ms) per record, 6 fibers",
+        run: () => timerLanes(topic.records, topic.partitions, "effect")
+      }
     ])
     return {
       id: "realistic",
@@ -80,7 +112,12 @@ export const realistic = (
       warmup: plan.warmup,
       rounds: plan.rounds,
       variants,
-      checks: [ratioAtLeast(variants, "lib", "raw", 1)],
+      checks: [
+        ratioAtLeast(variants, "lib", "raw", 1),
+        ratioInfo(variants, "raw", "timers"),
+        ratioInfo(variants, "lib", "fxTimers"),
+        ratioInfo(variants, "fxTimers", "timers")
+      ],
       notes: [
         `the ideal is ${topic.partitions} partitions x ~900 records/s (one 1 ms timer at a time per partition)`,
         "raw kafkajs keeps its default autoCommit (offsets resolved per message, committed after each batch); " +

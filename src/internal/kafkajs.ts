@@ -325,9 +325,12 @@ export const commitFailed = (cause: unknown): CommitFailed => {
 
 const encoder = new TextEncoder()
 
-/** A view on the same memory: `Buffer` is a `Uint8Array`, but callers should not see Node's API on it. */
-const toBytes = (value: Buffer | string): Uint8Array =>
-  typeof value === "string" ? encoder.encode(value) : new Uint8Array(value.buffer, value.byteOffset, value.byteLength)
+/**
+ * kafkajs's own `Buffer`, which is a `Uint8Array`, as it is: a view of it would cost a typed array per key and value,
+ * the most expensive step of turning a kafkajs message into a record. Records are typed `Uint8Array`, and code written
+ * against that works alike on both brokers.
+ */
+const toBytes = (value: Buffer | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
 
 const noHeaders: Readonly<Record<string, Uint8Array>> = Object.freeze({})
 
