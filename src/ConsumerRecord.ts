@@ -4,7 +4,9 @@
 import type { TopicPartition } from "./TopicPartition.js"
 
 /**
- * A record as the handler sees it. Offsets are `bigint` because Kafka offsets are int64.
+ * A record as the handler sees it. Offsets are `bigint` because Kafka offsets are int64. Key, value and headers are
+ * bytes as the driver has them, without a copy (on kafkajs, its `Buffer`s, which are `Uint8Array`s); read them as
+ * `Uint8Array` (`valueString`, `TextDecoder`), and copy them before changing them.
  *
  * @since 0.1.0
  * @category models
