@@ -34,7 +34,7 @@ for (const result of report.results) {
   for (const v of result.variants) {
     lines.push(
       `| ${v.id}: ${v.label} | ${formatNumber(v.median)} | ${formatNumber(v.min)} | ${formatNumber(v.max)} | ${
-        keys.map((k) => formatNumber(v.details[k] ?? Number.NaN)).join(" | ")
+        keys.map((k) => v.details[k] === undefined ? "-" : formatNumber(v.details[k])).join(" | ")
       } |`
     )
   }
