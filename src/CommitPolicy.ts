@@ -170,7 +170,8 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
  * Exactly-once: each chunk is handled inside a transaction of the `OffsetStore`, and the partition's new position is
  * written in the same transaction, on condition that the stored position is still the one the chunk started from.
  * On assign a partition starts at its stored position (Kafka's committed offset is ignored); records below it are
- * never handed to the handler. A member whose condition fails (`Fenced`) has lost the partition and stops.
+ * never handed to the handler. A member whose condition fails (`Fenced`) has lost the partition and stops, unless
+ * the partition was already being revoked from it: that unit is rolled back and the member goes on.
  *
  * `commitToKafka` also commits each stored position to Kafka, so lag tools see progress; it is never read back.
  *

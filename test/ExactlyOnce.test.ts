@@ -7,14 +7,16 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
+import * as TestClock from "effect/TestClock"
 import postgres from "postgres"
 import { appendSink, type Outcome, recordKey, type ResultSink, runWorkload, transactionalPlan } from "../demo/lab.js"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
+import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
-import { eventually } from "./support/kit.js"
+import { eventually, settled } from "./support/kit.js"
 
 const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
 const run = `${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 6)}`
@@ -176,6 +178,58 @@ describe("a zombie cannot commit after losing its partition", () => {
       yield* pgReady
       yield* zombie(pgSinkAny)
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))))
+})
+
+describe("a unit fenced while its partition is being revoked", () => {
+  // A's first unit on partition 0 is still running when B joins: the partition is being revoked from A when the unit
+  // tries to commit, and meanwhile another member (as a previous owner's late unit would) has moved the stored position
+  // on. The unit is fenced and rolled back; that is no reason for A to stop: nothing is lost, and A goes on.
+  it.effect("is rolled back, and the member goes on with the group", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const store = yield* OffsetStore.OffsetStore
+      const topic = "late-unit"
+      const groupId = `${topic}-group`
+      yield* kafka.createTopic(topic, 2)
+      for (const partition of [0, 1]) {
+        yield* kafka.produce(topic, Array.from({ length: 10 }, (_, i) => ({ value: String(i), partition })))
+      }
+      const config = { groupId, topics: [topic], maxPollRecords: 5 } as const
+      const inFirstUnit = yield* Deferred.make<void>()
+      let slow = true
+      const handler = (records: Chunk.Chunk<ConsumerRecord>) =>
+        Effect.gen(function*() {
+          yield* appendSink.write(records)
+          if (slow && Chunk.unsafeHead(records).partition === 0) {
+            slow = false
+            yield* Deferred.succeed(inFirstUnit, undefined)
+            yield* Effect.sleep("5 seconds")
+          }
+        })
+      const a = yield* Consumer.run(config, handler).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
+      yield* Deferred.await(inFirstUnit)
+      yield* store.commit({ groupId, partition: { topic, partition: 0 }, expected: null, next: 5n }, Effect.void)
+
+      const b = yield* Consumer.run(config, handler).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
+      // Everything runs until it waits: A has been told of the rebalance and waits for its unit to end.
+      yield* Effect.repeatN(Effect.yieldNow(), 1_000)
+      yield* TestClock.adjust("5 seconds")
+      const positions = store.load(groupId, [{ topic, partition: 0 }, { topic, partition: 1 }])
+      yield* settled("both partitions stored to the end", Effect.map(positions, (p) => p.get(`${topic}-0`) === 10n && p.get(`${topic}-1`) === 10n))
+
+      assert.isTrue((yield* Fiber.poll(a))._tag === "None", "A stopped")
+      assert.isTrue((yield* Fiber.poll(b))._tag === "None", "B stopped")
+      const results = yield* appendSink.read(groupId)
+      // Partition 0's first five records were "handled" by the other member, which wrote nothing: A's results for
+      // them were rolled back with its unit.
+      const expected = [
+        ...Array.from({ length: 5 }, (_, i) => recordKey({ partition: 0, offset: BigInt(5 + i) })),
+        ...Array.from({ length: 10 }, (_, i) => recordKey({ partition: 1, offset: BigInt(i) }))
+      ].sort()
+      assert.deepStrictEqual([...results].sort(), expected)
+      yield* Fiber.interrupt(a)
+      yield* Fiber.interrupt(b)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
 })
 
 /** The Postgres sink reading whichever group it is asked about. */

@@ -56,6 +56,9 @@ interface PartitionState {
 
 const policyErrorTags = new Set(["CommitFailed", "DriverError", "Fenced", "OffsetStoreError"])
 
+const isFenced = (error: unknown): boolean =>
+  typeof error === "object" && error !== null && "_tag" in error && error._tag === "Fenced"
+
 const isPolicyError = (error: unknown): boolean =>
   typeof error === "object" && error !== null && "_tag" in error && policyErrorTags.has(String(error._tag))
 
@@ -157,7 +160,13 @@ export const run = <E, R, EH, RH>(
         if (at === Chunk.size(chunks)) return loop
         const records = Chunk.unsafeGet(chunks, at)
         return policy.process(tp, records, handler(records, tp), retry).pipe(
-          Effect.catchAll(toHandlerFailed(tp, records)),
+          Effect.catchAll((error) =>
+            // A unit fenced while its partition is being revoked was rolled back, and the partition's next owner
+            // handles its records: nothing is lost, and this member goes on with its other partitions.
+            state.stopping && isFenced(error)
+              ? Effect.logDebug(`${state.key}: a unit fenced during the revoke was rolled back`)
+              : toHandlerFailed(tp, records)(error)
+          ),
           Effect.flatMap(() => {
             state.outstanding -= Chunk.size(records)
             return state.paused
