@@ -271,24 +271,17 @@ export const connect = (
       }
     }
 
-    const pauseFetch = (key: string) => {
-      if (fetchPaused.has(key)) return
-      fetchPaused.add(key)
+    /** Tells kafkajs to stop or restart fetching a partition, once per change. */
+    const setFetching = (key: string, fetching: boolean) => {
+      if (fetching ? !fetchPaused.delete(key) : fetchPaused.has(key)) return
+      if (!fetching) fetchPaused.add(key)
       const tp = TopicPartition.fromKey(key)
+      const partitions = [{ topic: tp.topic, partitions: [tp.partition] }]
       try {
-        consumer.pause([{ topic: tp.topic, partitions: [tp.partition] }])
+        if (fetching) consumer.resume(partitions)
+        else consumer.pause(partitions)
       } catch (error) {
-        log("warning", `pause of ${key} not applied: ${describe(error)}`)
-      }
-    }
-
-    const resumeFetch = (key: string) => {
-      if (!fetchPaused.delete(key)) return
-      const tp = TopicPartition.fromKey(key)
-      try {
-        consumer.resume([{ topic: tp.topic, partitions: [tp.partition] }])
-      } catch (error) {
-        log("warning", `resume of ${key} not applied: ${describe(error)}`)
+        log("warning", `${fetching ? "resume" : "pause"} of ${key} not applied: ${describe(error)}`)
       }
     }
 
@@ -301,7 +294,7 @@ export const connect = (
       const entries = inflight.get(key)
       if (entries === undefined) return
       for (const entry of entries) release(entry, "pause")
-      if (entries.size >= PARKED_BATCHES) pauseFetch(key)
+      if (entries.size >= PARKED_BATCHES) setFetching(key, false)
     }
 
     const makeEntry = (
@@ -681,7 +674,7 @@ export const connect = (
           const key = TopicPartition.key(tp)
           if (!paused.delete(key)) continue
           if ((inflight.get(key)?.size ?? 0) > 0) parked = true
-          resumeFetch(key)
+          setFetching(key, true)
         }
         // Records kept while paused are ready now: a `poll` waiting for the next fetch must not wait for it.
         if (parked) enqueue({ _tag: "Wake" })
