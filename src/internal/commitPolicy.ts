@@ -14,24 +14,13 @@ import type { CommitFailed } from "../KafkaError.js"
 import * as OffsetBatch from "../OffsetBatch.js"
 import { OffsetStore, type Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
+import { retryAfterFailure } from "./retry.js"
 
 /** Retriable commit failures (a coordinator moving, a rebalance starting) are retried a few times. */
 const commitRetry = Schedule.exponential(Duration.millis(20)).pipe(Schedule.intersect(Schedule.recurs(5)))
 
-// The schedule is built only once a commit has failed: a commit that lands at once costs no retry machinery. The
-// first failure is handed to the schedule as if it had driven that attempt.
 const commitOnce = (session: DriverSession, batch: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> =>
-  Effect.catchIf(session.commit(batch), (e) => e.retriable, (first) => {
-    let replayed = false
-    return Effect.retry(
-      Effect.suspend(() => {
-        if (replayed) return session.commit(batch)
-        replayed = true
-        return Effect.fail(first)
-      }),
-      { schedule: commitRetry, while: (e) => e.retriable }
-    )
-  })
+  retryAfterFailure(session.commit(batch), { schedule: commitRetry, retryable: (e) => e.retriable })
 
 /** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
 const andThen = <E1, R1, E2, R2>(

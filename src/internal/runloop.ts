@@ -16,6 +16,7 @@ import { Crashed, Faults } from "../Faults.js"
 import { type ConfigError, type DriverError, HandlerFailed } from "../KafkaError.js"
 import type { Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
+import { retryAfterFailure } from "./retry.js"
 
 /** Consumer settings after validation. */
 export interface Resolved {
@@ -112,21 +113,9 @@ export const run = <E, R, EH, RH>(
     const owned = new Map<string, PartitionState>()
     const maxPoll = config.session.maxPollRecords
 
-    // The schedule is built only once the work has failed: the first attempt costs no retry machinery. The first
-    // failure is handed to the schedule as if it had driven that attempt.
+    // A failed handler is retried on the same chunk; a policy's failure (a refused commit, a fence) is not its to retry.
     const retry = <E2, R2>(work: Effect.Effect<void, E2, R2>) =>
-      Effect.catchAll(work, (first) => {
-        if (isPolicyError(first)) return Effect.fail(first)
-        let replayed = false
-        return Effect.retry(
-          Effect.suspend(() => {
-            if (replayed) return work
-            replayed = true
-            return Effect.fail(first)
-          }),
-          { schedule: config.retry, while: (error) => !isPolicyError(error) }
-        )
-      })
+      retryAfterFailure(work, { schedule: config.retry, retryable: (error) => !isPolicyError(error) })
 
     const toHandlerFailed = (tp: TopicPartition.TopicPartition, records: Chunk.Chunk<ConsumerRecord>) =>
     (error: unknown) => {
