@@ -49,17 +49,7 @@ export interface RetryOptions extends internal.RetryConfig {}
  * @since 0.1.0
  * @category models
  */
-export interface Config {
-  /** Bootstrap brokers, each `host:port`. */
-  readonly brokers: ReadonlyArray<string>
-  /** Default client id; a session's own `clientId` takes precedence. */
-  readonly clientId?: string | undefined
-  readonly ssl?: boolean | TlsOptions | undefined
-  readonly sasl?: SaslOptions | undefined
-  readonly connectionTimeout?: Duration.DurationInput | undefined
-  readonly authenticationTimeout?: Duration.DurationInput | undefined
-  readonly requestTimeout?: Duration.DurationInput | undefined
-  readonly retry?: RetryOptions | undefined
+export interface Config extends internal.ConnectionConfig {
   /** How long the broker may hold a fetch when there is nothing new (kafkajs `maxWaitTimeInMs`). Default 500 ms. */
   readonly maxWaitTime?: Duration.DurationInput | undefined
   /** Default: a third of the session timeout, at most 3 seconds. */
@@ -71,8 +61,6 @@ export interface Config {
   readonly maxBytesPerPartition?: number | undefined
   /** Read records of open and aborted transactions too. Default `false` (read committed). */
   readonly readUncommitted?: boolean | undefined
-  /** What kafkajs itself logs, through Effect's logger. Default `"warn"`. */
-  readonly logLevel?: "nothing" | "error" | "warn" | "info" | "debug" | undefined
 }
 
 /**

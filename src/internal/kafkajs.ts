@@ -35,9 +35,11 @@ export interface RetryConfig {
   readonly multiplier?: number | undefined
 }
 
-/** @internal */
+/** What a kafkajs client is made from: passed through to kafkajs. @internal */
 export interface ConnectionConfig {
+  /** Bootstrap brokers, each `host:port`. */
   readonly brokers: ReadonlyArray<string>
+  /** Default client id; a session's own `clientId` takes precedence. */
   readonly clientId?: string | undefined
   readonly ssl?: boolean | TlsOptions | undefined
   readonly sasl?: SaslOptions | undefined
@@ -45,6 +47,7 @@ export interface ConnectionConfig {
   readonly authenticationTimeout?: Duration.DurationInput | undefined
   readonly requestTimeout?: Duration.DurationInput | undefined
   readonly retry?: RetryConfig | undefined
+  /** What kafkajs itself logs, through Effect's logger. Default `"warn"`. */
   readonly logLevel?: LogLevel | undefined
 }
 
