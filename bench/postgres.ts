@@ -113,6 +113,25 @@ export const exactlyOnce = async (
             details: { "ms per batch": (performance.now() - started) / batches.length }
           })
           let group = 0
+          // The hand-written unit, with the position statement after the rows (b) or sent first, with BEGIN (p).
+          const handWrittenVariant = (id: string, label: string, positionFirst: boolean) => ({
+            id,
+            label,
+            run: async () => {
+              await fresh()
+              const groupId = `bench-${suffix}-${batch}-${++group}`
+              const commit = handWritten(sql, positionsTable, insert, positionFirst)
+              const started = performance.now()
+              let expected: bigint | null = null
+              let next = 0n
+              for (const rows of batches) {
+                next += BigInt(rows.length)
+                await commit(groupId, rows, expected, next)
+                expected = next
+              }
+              return rate(started)
+            }
+          })
           const variants = await compare(plan, [
             {
               id: "a",
@@ -124,42 +143,8 @@ export const exactlyOnce = async (
                 return rate(started)
               }
             },
-            {
-              id: "b",
-              label: "hand-written: BEGIN+INSERT, position, COMMIT",
-              run: async () => {
-                await fresh()
-                const groupId = `bench-${suffix}-${batch}-${++group}`
-                const commit = handWritten(sql, positionsTable, insert, false)
-                const started = performance.now()
-                let expected: bigint | null = null
-                let next = 0n
-                for (const rows of batches) {
-                  next += BigInt(rows.length)
-                  await commit(groupId, rows, expected, next)
-                  expected = next
-                }
-                return rate(started)
-              }
-            },
-            {
-              id: "p",
-              label: "hand-written: BEGIN+position+INSERT, COMMIT",
-              run: async () => {
-                await fresh()
-                const groupId = `bench-${suffix}-${batch}-${++group}`
-                const commit = handWritten(sql, positionsTable, insert, true)
-                const started = performance.now()
-                let expected: bigint | null = null
-                let next = 0n
-                for (const rows of batches) {
-                  next += BigInt(rows.length)
-                  await commit(groupId, rows, expected, next)
-                  expected = next
-                }
-                return rate(started)
-              }
-            },
+            handWrittenVariant("b", "hand-written: BEGIN+INSERT, position, COMMIT", false),
+            handWrittenVariant("p", "hand-written: BEGIN+position+INSERT, COMMIT", true),
             {
               id: "tx",
               label: "PgOffsetStore.commit: rows + position in one tx",
@@ -199,7 +184,7 @@ export const exactlyOnce = async (
               ratioInfo(variants, "p", "a")
             ],
             notes: [
-              "one partition, batches one after another; same postgres.js pool (max 4) and results table for both; " +
+              "one partition, batches one after another; same postgres.js pool (max 4) and results table for every variant; " +
               "the table is truncated before every run",
               "tx: on a reserved connection, BEGIN pipelined with the multi-row INSERT through " +
               "PgOffsetStore.sql, the conditional UPDATE (or INSERT) of the position, COMMIT: three round trips; " +
