@@ -6,12 +6,10 @@
  *   KAFKA_BROKERS=127.0.0.1:9092 npx tsx examples/01-at-most-once.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
+import { CommitPolicy, Consumer, ConsumerRecord } from "effect-kafka-delivery"
 import * as Console from "effect/Console"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
-import * as CommitPolicy from "../src/CommitPolicy.js"
-import * as Consumer from "../src/Consumer.js"
-import * as ConsumerRecord from "../src/ConsumerRecord.js"
 import * as Broker from "./broker.js"
 
 const program = Effect.gen(function*() {

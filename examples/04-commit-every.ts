@@ -7,11 +7,10 @@
  *   npx tsx examples/04-commit-every.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
+import { CommitPolicy, Consumer } from "effect-kafka-delivery"
 import * as Console from "effect/Console"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
-import * as CommitPolicy from "../src/CommitPolicy.js"
-import * as Consumer from "../src/Consumer.js"
 import * as Broker from "./broker.js"
 
 const program = Effect.gen(function*() {

@@ -6,16 +6,12 @@
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/test npx tsx examples/05-exactly-once-postgres.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
+import { CommitPolicy, Consumer, ConsumerRecord, OffsetStore, PgOffsetStore } from "effect-kafka-delivery"
 import * as Config from "effect/Config"
 import * as Console from "effect/Console"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import postgres from "postgres"
-import * as CommitPolicy from "../src/CommitPolicy.js"
-import * as Consumer from "../src/Consumer.js"
-import * as ConsumerRecord from "../src/ConsumerRecord.js"
-import * as OffsetStore from "../src/OffsetStore.js"
-import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as Broker from "./broker.js"
 
 const program = (sql: postgres.Sql) => Effect.gen(function*() {

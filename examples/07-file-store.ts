@@ -8,14 +8,11 @@
  */
 import { NodeContext, NodeRuntime } from "@effect/platform-node"
 import * as FileSystem from "@effect/platform/FileSystem"
+import { CommitPolicy, Consumer, ConsumerRecord, OffsetStore } from "effect-kafka-delivery"
 import * as Chunk from "effect/Chunk"
 import * as Console from "effect/Console"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
-import * as CommitPolicy from "../src/CommitPolicy.js"
-import * as Consumer from "../src/Consumer.js"
-import * as ConsumerRecord from "../src/ConsumerRecord.js"
-import * as OffsetStore from "../src/OffsetStore.js"
 import * as Broker from "./broker.js"
 
 const program = (directory: string) =>

@@ -7,19 +7,16 @@
  *   npx tsx examples/08-worker-per-partition.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
+import { CommitPolicy, Consumer, type ConsumerRecord, TopicPartition } from "effect-kafka-delivery"
 import type * as Chunk from "effect/Chunk"
 import * as Console from "effect/Console"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as Queue from "effect/Queue"
-import * as CommitPolicy from "../src/CommitPolicy.js"
-import * as Consumer from "../src/Consumer.js"
-import type { ConsumerRecord } from "../src/ConsumerRecord.js"
-import * as TopicPartition from "../src/TopicPartition.js"
 import * as Broker from "./broker.js"
 
-type Job = readonly [Chunk.Chunk<ConsumerRecord>, Deferred.Deferred<void>]
+type Job = readonly [Chunk.Chunk<ConsumerRecord.ConsumerRecord>, Deferred.Deferred<void>]
 
 const program = Effect.gen(function*() {
   const topics = yield* Broker.Topics

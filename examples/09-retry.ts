@@ -6,13 +6,11 @@
  *   npx tsx examples/09-retry.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
+import { CommitPolicy, Consumer, ConsumerRecord } from "effect-kafka-delivery"
 import * as Console from "effect/Console"
 import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
-import * as CommitPolicy from "../src/CommitPolicy.js"
-import * as Consumer from "../src/Consumer.js"
-import * as ConsumerRecord from "../src/ConsumerRecord.js"
 import * as Broker from "./broker.js"
 
 class ServiceUnavailable extends Data.TaggedError("ServiceUnavailable")<{ readonly message: string }> {}

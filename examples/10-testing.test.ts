@@ -5,15 +5,12 @@
  *   npx vitest run examples/10-testing.test.ts
  */
 import { assert, describe, it } from "@effect/vitest"
+import { CommitPolicy, Consumer, ConsumerRecord, InMemoryKafka } from "effect-kafka-delivery"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as TestClock from "effect/TestClock"
-import * as CommitPolicy from "../src/CommitPolicy.js"
-import * as Consumer from "../src/Consumer.js"
-import * as ConsumerRecord from "../src/ConsumerRecord.js"
-import * as InMemoryKafka from "../src/InMemoryKafka.js"
 
 // The consumer under test: it counts orders per customer and commits at least every 5 seconds.
 const countOrders = (counts: Map<string, number>) =>

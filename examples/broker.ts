@@ -2,14 +2,12 @@
  * Where the examples run: the in-memory broker by default, or Kafka when KAFKA_BROKERS is set (`host:port,...`).
  * Either way you get the consumer's `Driver` and `Topics`, a small service to create a topic and produce to it.
  */
+import { type Driver, InMemoryKafka, KafkaJs } from "effect-kafka-delivery"
 import * as Config from "effect/Config"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
-import type { Driver } from "../src/Driver.js"
-import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import * as KafkaJs from "../src/KafkaJs.js"
 
 export interface Produce {
   readonly key?: string
@@ -23,7 +21,7 @@ export class Topics extends Context.Tag("examples/Topics")<Topics, {
   readonly produce: (topic: string, records: ReadonlyArray<Produce>) => Effect.Effect<void, unknown>
 }>() {}
 
-const inMemory: Layer.Layer<Topics | Driver> = Layer.effect(
+const inMemory: Layer.Layer<Topics | Driver.Driver> = Layer.effect(
   Topics,
   Effect.map(InMemoryKafka.InMemoryKafka, (kafka) => ({
     where: "the in-memory broker",
@@ -32,7 +30,7 @@ const inMemory: Layer.Layer<Topics | Driver> = Layer.effect(
   }))
 ).pipe(Layer.provideMerge(InMemoryKafka.layer()))
 
-const kafka = (brokers: string): Layer.Layer<Topics | Driver, unknown> =>
+const kafka = (brokers: string): Layer.Layer<Topics | Driver.Driver, unknown> =>
   Layer.unwrapEffect(Effect.map(KafkaJs.parseBrokers(brokers), (list) =>
     Layer.merge(
       KafkaJs.layer({ brokers: list, clientId: "examples", logLevel: "error" }),
@@ -44,7 +42,7 @@ const kafka = (brokers: string): Layer.Layer<Topics | Driver, unknown> =>
     )))
 
 /** The in-memory broker, or Kafka at KAFKA_BROKERS. */
-export const layer: Layer.Layer<Topics | Driver, unknown> = Layer.unwrapEffect(
+export const layer: Layer.Layer<Topics | Driver.Driver, unknown> = Layer.unwrapEffect(
   Effect.map(Config.option(Config.string("KAFKA_BROKERS")), Option.match({ onNone: () => inMemory, onSome: kafka }))
 )
 
