@@ -2,6 +2,7 @@
  * The semantics lab's command line: which workload, which policies, which store, and where (the in-memory broker, or
  * a real one with `--brokers`).
  */
+import * as CliConfig from "@effect/cli/CliConfig"
 import * as Command from "@effect/cli/Command"
 import * as HelpDoc from "@effect/cli/HelpDoc"
 import * as Options from "@effect/cli/Options"
@@ -12,6 +13,7 @@ import * as Console from "effect/Console"
 import * as Data from "effect/Data"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import type { Outcome, PolicyName, Workload } from "./lab.js"
 import { explanations, progressLine, recordsPerSecond, table } from "./report.js"
@@ -48,24 +50,30 @@ const count = (n: number) => n.toLocaleString("en-US")
 
 const invalid = (message: string) => Effect.fail(ValidationError.invalidValue(HelpDoc.p(message)))
 
-// Numbers are read as text and parsed here, so that a malformed value is reported with the option's name.
-const number = (name: string, kind: "integer" | "number", text: string) => {
-  const n = kind === "integer" ? (/^-?\d+$/.test(text.trim()) ? Number(text) : NaN) : Number(text)
-  return text.trim() === "" || !Number.isFinite(n)
-    ? invalid(`--${name} must be ${kind === "integer" ? "an integer" : "a number"}, got ${JSON.stringify(text)}`)
-    : Effect.succeed(n)
-}
+// The kind of every numeric option: @effect/cli reads it with its integer or float parser.
+const numeric = {
+  records: "integer",
+  partitions: "integer",
+  consumers: "integer",
+  "crash-rate": "float",
+  "max-crashes": "integer",
+  seed: "integer",
+  "handler-millis": "integer"
+} as const
 
-const integer = (name: string, fallback: number, min: number, max: number, description: string) =>
-  Options.text(name).pipe(
-    Options.withPseudoName("integer"),
-    Options.withDefault(String(fallback)),
-    Options.mapEffect((text) =>
-      Effect.flatMap(number(name, "integer", text), (n) =>
-        n >= min && n <= max
-          ? Effect.succeed(n)
-          : invalid(`--${name} must be between ${count(min)} and ${count(max)}, got ${count(n)}`))
-    ),
+type NumericName = keyof typeof numeric
+
+const number = (name: NumericName) => numeric[name] === "integer" ? Options.integer(name) : Options.float(name)
+
+const between = (name: NumericName, min: number, max: number, show: (n: number) => string = count) => (n: number) =>
+  n >= min && n <= max
+    ? Effect.succeed(n)
+    : invalid(`--${name} must be between ${show(min)} and ${show(max)}, got ${show(n)}`)
+
+const integer = (name: NumericName, fallback: number, min: number, max: number, description: string) =>
+  number(name).pipe(
+    Options.withDefault(fallback),
+    Options.mapEffect(between(name, min, max)),
     Options.withDescription(`${description} Default ${count(fallback)}.`)
   )
 
@@ -96,25 +104,17 @@ const seed = integer(
     "scheduling, so counts can differ a little between runtimes, and for autoCommit (a timer) between runs."
 )
 
-const crashRate = Options.text("crash-rate").pipe(
-  Options.withPseudoName("number"),
-  Options.withDefault("0.02"),
-  Options.mapEffect((text) =>
-    Effect.flatMap(number("crash-rate", "number", text), (rate) =>
-      rate >= 0 && rate <= 1 ? Effect.succeed(rate) : invalid(`--crash-rate must be between 0 and 1, got ${rate}`))
-  ),
+const crashRate = number("crash-rate").pipe(
+  Options.withDefault(0.02),
+  Options.mapEffect(between("crash-rate", 0, 1, String)),
   Options.withDescription(
     "Chance that a member dies at each point of a unit of work where a crash can fall (before and after the " +
       "handler, before and after the commit). A crashed member is started again at once. Default 0.02."
   )
 )
 
-const maxCrashes = Options.text("max-crashes").pipe(
-  Options.withPseudoName("integer"),
-  Options.mapEffect((text) =>
-    Effect.flatMap(number("max-crashes", "integer", text), (n) =>
-      n >= 0 ? Effect.succeed(n) : invalid(`--max-crashes must be 0 or more, got ${n}`))
-  ),
+const maxCrashes = number("max-crashes").pipe(
+  Options.mapEffect((n) => n >= 0 ? Effect.succeed(n) : invalid(`--max-crashes must be 0 or more, got ${n}`)),
   Options.optional,
   Options.withDescription("Most crashes per policy. Default 60 in memory, 3 (members killed) with --brokers.")
 )
@@ -343,5 +343,39 @@ export const command = Command.make("demo", options, runLab).pipe(
   )
 )
 
+const run = Command.run(command, { name: "Semantics lab", version: "0.1.0" })
+
+// What was given for `--name`, as @effect/cli reads it: `--name value` or `--name=value`.
+const given = (args: ReadonlyArray<string>, name: string): Option.Option<string> => {
+  for (const [i, arg] of args.entries()) {
+    if (arg === `--${name}`) return Option.fromNullable(args[i + 1])
+    if (arg.startsWith(`--${name}=`)) return Option.some(arg.slice(name.length + 3))
+  }
+  return Option.none()
+}
+
+// @effect/cli refuses a malformed number before the option's own checks run, in words that do not say which option
+// it was ("'zero' is not a integer"). This finds the numeric option whose value its parser refuses, to name it.
+const malformedNumber = (args: ReadonlyArray<string>) =>
+  Effect.gen(function*() {
+    for (const [name, kind] of Object.entries(numeric)) {
+      const text = given(args, name)
+      if (Option.isNone(text)) continue
+      const parsed = yield* Effect.either(
+        Options.processCommandLine(number(name as NumericName), [`--${name}`, text.value], CliConfig.defaultConfig)
+      )
+      if (Either.isLeft(parsed)) {
+        const expected = kind === "integer" ? "an integer" : "a number"
+        return Option.some(`--${name} must be ${expected}, got ${JSON.stringify(text.value)}`)
+      }
+    }
+    return Option.none<string>()
+  })
+
 /** Parses the arguments (`process.argv` style) and runs the lab, or prints help. */
-export const cli = Command.run(command, { name: "Semantics lab", version: "0.1.0" })
+export const cli = (argv: ReadonlyArray<string>) =>
+  run(argv).pipe(
+    Effect.catchIf(ValidationError.isValidationError, (error) =>
+      Effect.flatMap(malformedNumber(argv.slice(2)), (message) =>
+        Effect.fail(Option.isSome(message) ? new UsageError({ message: message.value }) : error)))
+  )
