@@ -25,9 +25,10 @@ const targets: Readonly<Record<number, number>> = { 100: 0.7, 1000: 0.9 }
 
 /**
  * What `PgOffsetStore.commit` does, written by hand: on a reserved connection, BEGIN sent unawaited so that it travels
- * with the results, then the fenced position, then COMMIT (three round trips). With `positionFirst`, the position
- * statement is sent unawaited too, ahead of the results (two round trips), which the store does not do: the position's
- * row lock would then be held while the work runs, and a zombie stalled in its work would hold up the new owner.
+ * with the results, then the position fenced by the owner epoch, then COMMIT (three round trips). With
+ * `positionFirst`, the position statement is sent unawaited too, ahead of the results (two round trips), which the
+ * store does not do: the position's row lock would then be held while the work runs, and a zombie stalled in its work
+ * would hold up the new owner.
  */
 const handWritten = (
   sql: postgres.Sql,
@@ -35,26 +36,20 @@ const handWritten = (
   insert: (tx: postgres.Sql, rows: ReadonlyArray<Row>) => Promise<unknown>,
   positionFirst: boolean
 ) =>
-async (groupId: string, rows: ReadonlyArray<Row>, from: bigint | null, to: bigint): Promise<void> => {
+async (groupId: string, rows: ReadonlyArray<Row>, epoch: bigint, to: bigint): Promise<void> => {
   const tx = await sql.reserve()
   try {
     // Prepared: `unsafe` with parameters is otherwise described in a round trip of its own every time.
     const storePosition = () =>
-      from === null
-        ? tx.unsafe(
-          `insert into ${table} (group_id, topic, partition, next_offset)
-           values ($1, 'bench', 0, $2::bigint) on conflict do nothing`,
-          [groupId, to.toString()],
-          { prepare: true }
-        )
-        : tx.unsafe(
-          `update ${table} set next_offset = $2::bigint, updated_at = now()
-           where group_id = $1 and topic = 'bench' and partition = 0 and next_offset = $3::bigint`,
-          [groupId, to.toString(), from.toString()],
-          { prepare: true }
-        )
+      tx.unsafe(
+        `update ${table} set next_offset = $2::bigint, updated_at = now()
+         where group_id = $1 and topic = 'bench' and partition = 0 and epoch = $3::bigint
+         returning txid_current()::text`,
+        [groupId, to.toString(), epoch.toString()],
+        { prepare: true }
+      )
     // postgres.js queries are lazy: `execute` sends them now, pipelined with what follows on the connection.
-    const begun = tx.unsafe("begin").execute()
+    const begun = tx.unsafe("begin isolation level read committed").execute()
     const position = positionFirst ? storePosition().execute() : undefined
     await insert(tx, rows)
     await begun
@@ -67,6 +62,17 @@ async (groupId: string, rows: ReadonlyArray<Row>, from: bigint | null, to: bigin
   } finally {
     tx.release()
   }
+}
+
+/** Makes the caller the owner of the bench partition, as `PgOffsetStore.claim` does; returns its owner epoch. */
+const claim = async (sql: postgres.Sql, table: string, groupId: string): Promise<bigint> => {
+  const rows = await sql.unsafe(
+    `insert into ${table} as offsets (group_id, topic, partition, next_offset, epoch) values ($1, 'bench', 0, null, 1)
+     on conflict (group_id, topic, partition) do update set epoch = offsets.epoch + 1
+     returning epoch::text`,
+    [groupId]
+  ).values()
+  return BigInt(String(rows[0][0]))
 }
 
 export const exactlyOnce = async (
@@ -121,13 +127,12 @@ export const exactlyOnce = async (
               await fresh()
               const groupId = `bench-${suffix}-${batch}-${++group}`
               const commit = handWritten(sql, positionsTable, insert, positionFirst)
+              const epoch = await claim(sql, positionsTable, groupId)
               const started = performance.now()
-              let expected: bigint | null = null
               let next = 0n
               for (const rows of batches) {
                 next += BigInt(rows.length)
-                await commit(groupId, rows, expected, next)
-                expected = next
+                await commit(groupId, rows, epoch, next)
               }
               return rate(started)
             }
@@ -152,17 +157,17 @@ export const exactlyOnce = async (
                 await fresh()
                 const groupId = `bench-${suffix}-${batch}-${++group}`
                 const partition = TopicPartition.make("bench", 0)
+                const claims = await runtime.runPromise(store.claim(groupId, [partition]))
+                const epoch = claims.get(TopicPartition.key(partition))?.epoch ?? 0n
                 const started = performance.now()
                 await runtime.runPromise(Effect.gen(function*() {
-                  let expected: bigint | null = null
                   let next = 0n
                   for (const rows of batches) {
                     next += BigInt(rows.length)
                     yield* store.commit(
-                      { groupId, partition, expected, next },
-                      Effect.flatMap(PgOffsetStore.sql, (tx) => Effect.tryPromise(() => insert(tx, rows)))
+                      { groupId, partition, epoch, next },
+                      PgOffsetStore.query((tx) => insert(tx, rows))
                     )
-                    expected = next
                   }
                 }))
                 return rate(started)
@@ -186,8 +191,8 @@ export const exactlyOnce = async (
             notes: [
               "one partition, batches one after another; same postgres.js pool (max 4) and results table for every variant; " +
               "the table is truncated before every run",
-              "tx: on a reserved connection, BEGIN pipelined with the multi-row INSERT through " +
-              "PgOffsetStore.sql, the conditional UPDATE (or INSERT) of the position, COMMIT: three round trips; " +
+              "tx: claim once, then on a reserved connection, BEGIN pipelined with the multi-row INSERT through " +
+              "PgOffsetStore.query, the UPDATE of the position fenced by the owner epoch, COMMIT: three round trips; " +
               "a: the same multi-row INSERT in autocommit, one; b: what tx does, written by hand with postgres.js " +
               "(the floor for tx); p: b with the position statement pipelined ahead of the INSERT, two round trips " +
               "(not what the store does: it would hold the position's row lock while the work runs)"

@@ -41,6 +41,12 @@ export interface Workload {
   readonly commitEvery?: number
   /** Time the handler spends on each chunk, as I/O would. */
   readonly handlerMillis?: number
+  /**
+   * Most zombies in the run: a member that stalls in the middle of a unit of work (frozen: no poll, no heartbeat)
+   * until the group has given its partition to another member, then wakes and tries to commit. Members get a short
+   * session when there are zombies. `transactional` only.
+   */
+  readonly zombies?: number
   /** Keeps the run's topic and group apart from earlier runs with the same policy and seed, in a store that lasts. */
   readonly runId?: string
   /** Told, while the run goes on, how far the group's stored positions have got. */
@@ -68,6 +74,8 @@ export interface Outcome {
   readonly generation: number
   /** Members that found, on commit, that another member had moved their partition on, and started again. */
   readonly fenced: number
+  /** Members that stalled mid-unit until their partition had moved to another member (see `Workload.zombies`). */
+  readonly zombies: number
   readonly elapsedMillis: number
 }
 
@@ -149,8 +157,39 @@ export interface Plan<R = never> {
 export type MakePlan<R> = (
   workload: Workload,
   shouldCrash: (point: CrashPoint, partitions: ReadonlyArray<TopicPartition.TopicPartition>) => boolean,
-  checkpoints: Array<Checkpoint>
+  checkpoints: Array<Checkpoint>,
+  shouldStall: () => boolean
 ) => Plan<R>
+
+/** A short session when zombies are wanted, so that the group evicts a stalled member quickly. */
+const sessionOf = (workload: Workload): Pick<Consumer.Config, "sessionTimeout"> =>
+  (workload.zombies ?? 0) > 0 ? { sessionTimeout: "400 millis" } : {}
+
+/**
+ * Makes the member that owns `partition` a zombie, from inside its handler: it stops polling and heartbeating until
+ * the group has evicted it and another member owns the partition (and has claimed it), then goes on, with its unit
+ * of work still open.
+ */
+const stall = (groupId: string, partition: TopicPartition.TopicPartition) =>
+  Effect.gen(function*() {
+    const kafka = yield* InMemoryKafka.InMemoryKafka
+    const owns = (m: InMemoryKafka.GroupMember) =>
+      m.partitions.some((p) => p.topic === partition.topic && p.partition === partition.partition)
+    const owner = (yield* kafka.members(groupId)).find(owns)
+    if (owner === undefined) return false
+    yield* kafka.freeze(owner.memberId)
+    const movedOn = yield* kafka.members(groupId).pipe(
+      Effect.repeat({
+        schedule: Schedule.spaced("10 millis"),
+        until: (members) => members.some((m) => m.memberId !== owner.memberId && owns(m))
+      }),
+      Effect.timeoutOption("10 seconds")
+    )
+    // The new owner claims the partition as soon as it is assigned; give it a moment to do so.
+    yield* Effect.sleep("50 millis")
+    yield* kafka.thaw(owner.memberId)
+    return Option.isSome(movedOn)
+  })
 
 /** The plan for the three Kafka-committed policies: deliveries counted in the handler. */
 export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) => {
@@ -188,16 +227,24 @@ export const appendSink: ResultSink<OffsetStore.Results> = {
 
 /** The plan for `transactional`: deliveries are the results committed with positions in the offset store. */
 export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.OffsetStore | R> =>
-(workload, shouldCrash, checkpoints) => {
+(workload, shouldCrash, checkpoints, shouldStall) => {
   const progress = makeTally(checkpoints)
   return {
     member: (groupId, topic) =>
       Consumer.run(
-        { groupId, topics: [topic], maxPollRecords: workload.maxPollRecords ?? 50, retry: Schedule.recurs(0) },
-        (records) =>
+        {
+          groupId,
+          topics: [topic],
+          maxPollRecords: workload.maxPollRecords ?? 50,
+          retry: Schedule.recurs(0),
+          ...sessionOf(workload)
+        },
+        (records, partition) =>
           (workload.handlerMillis === undefined
             ? sink.write(records)
             : Effect.zipRight(Effect.sleep(workload.handlerMillis), sink.write(records))).pipe(
+            // A zombie's unit has written its results and goes on to commit after its partition has moved on.
+            Effect.zipRight(shouldStall() ? stall(groupId, partition) : Effect.void),
             Effect.zipRight(Effect.sync(() => (progress.delivered += Chunk.size(records)))),
             Effect.zipRight(atCheckpoint(progress))
           )
@@ -244,6 +291,12 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
       crashes++
       return true
     }
+    let zombies = 0
+    const shouldStall = () => {
+      if (zombies >= (workload.zombies ?? 0) || rng() >= 0.05) return false
+      zombies++
+      return true
+    }
     // Members join at a quarter and at half of the records, and one leaves at three quarters.
     const checkpoints: Array<Checkpoint> = []
     if (workload.rebalances === true) {
@@ -256,7 +309,7 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
       }
     }
     const moves = [...checkpoints]
-    const plan: Plan<R> = (makePlan ?? (kafkaPlan as MakePlan<R>))(workload, shouldCrash, checkpoints)
+    const plan: Plan<R> = (makePlan ?? (kafkaPlan as MakePlan<R>))(workload, shouldCrash, checkpoints, shouldStall)
     const partitions = end.map((_, partition) => ({ topic, partition }))
     const start = yield* Clock.currentTimeMillis
 
@@ -334,6 +387,7 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
       rebalances,
       generation: yield* kafka.generation(groupId),
       fenced,
+      zombies,
       elapsedMillis
     } satisfies Outcome
   }))

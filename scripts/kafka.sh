@@ -157,6 +157,8 @@ transaction.state.log.num.partitions=1
 # Tests join groups constantly; do not wait for more members before the first rebalance.
 group.initial.rebalance.delay.ms=0
 log.cleaner.dedupe.buffer.size=1048577
+# The cleaner sleeps 15 s between runs by default; tests of compacted topics wait for it.
+log.cleaner.backoff.ms=500
 auto.create.topics.enable=false
 EOF
 

@@ -36,7 +36,7 @@ import type { TopicPartition } from "./TopicPartition.js"
 export type PolicyError = CommitFailed | DriverError | Fenced | OffsetStoreError
 
 /**
- * What the runloop gives a policy when a consumer starts.
+ * What the runloop gives a policy when a session of the consumer starts.
  *
  * @since 0.1.0
  * @category models
@@ -48,20 +48,25 @@ export interface PolicyContext {
   readonly crashAt: (point: CrashPoint, partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void>
   /** Runs an outside effect (a commit, a store write) unless the member has crashed. */
   readonly guard: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
-  /** Runs a background fiber for the consumer's lifetime; its failure ends the consumer. */
+  /** Runs a background fiber for the session's lifetime; its failure ends the consumer. */
   readonly fork: (effect: Effect.Effect<void, PolicyError>) => Effect.Effect<void>
+  /** How long commits may keep failing with retriable errors before the consumer ends with the last one. */
+  readonly reconnectTimeout: Duration.Duration
 }
 
 /**
- * A policy at work for one consumer.
+ * A policy at work for one session of a consumer.
  *
  * @since 0.1.0
  * @category models
  */
 export interface PolicyInstance {
   readonly name: string
-  /** Where each newly assigned partition starts (next offset to read), keyed by `TopicPartition.key`. */
-  readonly startPositions: (
+  /**
+   * These partitions are now the member's: where each starts (next offset to read), keyed by `TopicPartition.key`. A
+   * partition left out has no committed or stored position; the consumer's `offsetReset` decides where it starts.
+   */
+  readonly assign: (
     partitions: ReadonlyArray<TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, bigint>, PolicyError>
   /** Records were fetched and handed to the consumer (the point at which kafka-clients calls them "consumed"). */
@@ -69,15 +74,17 @@ export interface PolicyInstance {
   /** Runs once per poll loop turn, in the poll loop. */
   readonly polled: Effect.Effect<void, PolicyError>
   /**
-   * Runs the handler on a chunk of one partition and moves the position the way the policy says. `retry` runs the
-   * handler with the configured retries; a policy that must not hand a record twice calls `work` once.
+   * Runs the handler on a chunk of one partition and moves the position to `next` (where the partition continues
+   * after the chunk) the way the policy says. `retry` runs the handler with the configured retries; a policy that
+   * must not hand a record twice calls `work` once.
    */
   readonly process: <E, R>(
     partition: TopicPartition,
     records: Chunk.Chunk<ConsumerRecord>,
+    next: bigint,
     work: Effect.Effect<void, E, R>,
     retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
-  ) => Effect.Effect<void, E | PolicyError, Exclude<R, Transaction>>
+  ) => Effect.Effect<void, E | PolicyError, R>
   /** The partitions are being revoked: commit or store their final positions now. */
   readonly revoke: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void, PolicyError>
   /** The partitions are already gone: forget what was pending for them. */
@@ -96,7 +103,8 @@ export class CommitPolicy extends Context.Tag("effect-kafka-delivery/CommitPolic
 /**
  * At-most-once: the position of a chunk is committed before the handler sees it. A crash or a handler failure after
  * the commit loses the chunk's remaining records; no record is ever handed to the handler twice, so a failed
- * handler is not retried (a retry would hand the record again).
+ * handler is not retried (a retry would hand the record again). A commit refused because the member no longer owns
+ * the partition skips the chunk: its next owner starts before it.
  *
  * @since 0.1.0
  * @category layers
@@ -120,6 +128,7 @@ export interface AutoCommitOptions {
  * every record already fetched, whether or not the handler finished it; commit too before partitions are revoked.
  * This is neither at-most-once nor at-least-once: a crash after a commit of records still buffered loses them, and a
  * crash after handling but before the next commit duplicates them. It is here so that the cost can be measured.
+ * Refused commits follow `commitAfter`'s rule.
  *
  * @since 0.1.0
  * @category layers
@@ -150,6 +159,10 @@ export interface CommitAfterOptions {
  * before a revoked partition is released. A crash loses no record; records handled since the last commit are
  * handled again.
  *
+ * A refused commit is classified (see `CommitFailed`): a retriable one is retried on a schedule and its positions
+ * are kept for the next commit (after `reconnectTimeout` of failing, the consumer ends); a partition the member no
+ * longer owns has its position dropped, alone; a fatal refusal (not authorized, say) ends the consumer.
+ *
  * @since 0.1.0
  * @category layers
  */
@@ -168,10 +181,15 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
 
 /**
  * Exactly-once: each chunk is handled inside a transaction of the `OffsetStore`, and the partition's new position is
- * written in the same transaction, on condition that the stored position is still the one the chunk started from.
- * On assign a partition starts at its stored position (Kafka's committed offset is ignored); records below it are
- * never handed to the handler. A member whose condition fails (`Fenced`) has lost the partition and stops, unless
- * the partition was already being revoked from it: that unit is rolled back and the member goes on.
+ * written in the same transaction. On assign the member claims the partition in the store (its owner epoch goes up,
+ * and the stored position is final for every earlier owner); a partition starts at its stored position (Kafka's
+ * committed offset is ignored), and records below it are never handed to the handler. A unit commits only while the
+ * partition's epoch is still the member's: a zombie's late unit is refused (`Fenced`) and rolled back, and the
+ * member gives up its partitions and rejoins the group (or, with the consumer's `rejoin: false`, ends with `Fenced`).
+ *
+ * The layer also provides the store's `Transaction` service, so that a handler that writes through it
+ * (`OffsetStore.append`, `PgOffsetStore.sql`) type-checks under this policy and under no other. Inside a unit of work
+ * it is the unit's transaction; outside one (in a hook) using it fails with `OffsetStoreError`.
  *
  * `commitToKafka` also commits each stored position to Kafka, so lag tools see progress; it is never read back.
  *
@@ -180,4 +198,5 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
  */
 export const transactional = (
   options: { readonly commitToKafka?: boolean } = {}
-): Layer.Layer<CommitPolicy, never, OffsetStore> => internal.transactionalLayer(options.commitToKafka ?? false)
+): Layer.Layer<CommitPolicy | Transaction, never, OffsetStore> =>
+  internal.transactionalLayer(options.commitToKafka ?? false)

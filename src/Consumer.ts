@@ -20,8 +20,16 @@ import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { Driver } from "./Driver.js"
 import * as config from "./internal/config.js"
 import * as runloop from "./internal/runloop.js"
-import { ConfigError } from "./KafkaError.js"
-import type { Transaction } from "./OffsetStore.js"
+import {
+  type CommitFailed,
+  ConfigError,
+  type DriverError,
+  type HandlerFailed,
+  type OffsetOutOfRange,
+  type PartitionsLost,
+  type WorkerStuck
+} from "./KafkaError.js"
+import type { Fenced, OffsetStoreError } from "./OffsetStore.js"
 import * as TopicPartition from "./TopicPartition.js"
 
 /**
@@ -44,21 +52,55 @@ export interface Config {
   readonly pollTimeout?: Duration.DurationInput
   /** Default 10 seconds. */
   readonly sessionTimeout?: Duration.DurationInput
-  /** How long the group waits for revoked partitions to be released. Default 60 seconds. */
+  /**
+   * How long the group waits for revoked partitions to be released. Every step of a revoke is bounded so that the
+   * whole fits in it. Default 60 seconds.
+   */
   readonly rebalanceTimeout?: Duration.DurationInput
-  /** How long in-flight work of a revoked partition may run on before it is interrupted. Default 30 seconds. */
+  /**
+   * How long in-flight work of a revoked partition may run on before it is interrupted. The later steps of a revoke
+   * (waiting for interrupted work to stop, the final commit, `onRevoke`, the partition's finalizers) get a quarter
+   * each of what is left of `rebalanceTimeout`; a step that misses its deadline is logged with the partition and the
+   * revoke goes on. Default 30 seconds.
+   */
   readonly revokeTimeout?: Duration.DurationInput
   /** Retries of a failed handler, on the same records. Default: exponential from 100 millis, 5 retries. */
   readonly retry?: Schedule.Schedule<unknown, unknown>
+  /**
+   * Where a partition starts when nothing was committed or stored for it, or when its position is no longer in its
+   * log (records removed by retention or `deleteRecords`): `"earliest"` (the default), `"latest"`, or `"none"`, which
+   * ends the consumer with `OffsetOutOfRange` naming the partition. Kafka's `auto.offset.reset`.
+   */
+  readonly offsetReset?: "earliest" | "latest" | "none"
+  /**
+   * How long the cluster may stay unreachable (a broker restarting, a network cut) before the consumer ends with the
+   * error: until then it reconnects with backoff, and commits that fail meanwhile keep their positions. Default
+   * 2 minutes.
+   */
+  readonly reconnectTimeout?: Duration.DurationInput
+  /**
+   * A member that loses its partitions without a revoke (evicted: paused past its session, say), or whose unit the
+   * offset store fences (another member claimed the partition), gives those partitions up and goes on in the group
+   * (rejoining when fenced). `false` ends the consumer with `PartitionsLost` or `Fenced` instead. Default `true`.
+   */
+  readonly rejoin?: boolean
 }
 
 /**
- * Errors a consumer can end with, besides the handler's own.
+ * Errors a consumer can end with, besides the handler's own (in `HandlerFailed`) and the hooks'.
  *
  * @since 0.1.0
  * @category errors
  */
-export type ConsumerError = runloop.RunError
+export type ConsumerError =
+  | ConfigError
+  | DriverError
+  | CommitFailed
+  | Fenced
+  | OffsetStoreError
+  | OffsetOutOfRange
+  | PartitionsLost
+  | WorkerStuck
 
 /**
  * Per-partition lifecycle hooks. `onAssign` runs in the partition's scope: resources it acquires are released when
@@ -69,7 +111,8 @@ export type ConsumerError = runloop.RunError
  */
 export interface Hooks<E = never, R = never> {
   readonly onAssign?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R | Scope.Scope>
-  readonly onRevoke?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>
+  /** Runs in the partition's scope too, before it closes; bounded like every step of a revoke. */
+  readonly onRevoke?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R | Scope.Scope>
 }
 
 const duration = (field: string, input: Duration.DurationInput | undefined, fallback: Duration.Duration) =>
@@ -78,13 +121,7 @@ const duration = (field: string, input: Duration.DurationInput | undefined, fall
 const positiveInt = (field: string, input: number | undefined, fallback: number) =>
   input === undefined ? Effect.succeed(fallback) : config.positiveInt(field, input)
 
-/**
- * Checks a configuration before anything connects; each invalid value fails with a `ConfigError` naming its field.
- *
- * @since 0.1.0
- * @category constructors
- */
-export const validate = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =>
+const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =>
   Effect.gen(function*() {
     if (typeof config.groupId !== "string" || config.groupId.trim().length === 0) {
       return yield* new ConfigError({ field: "groupId", reason: "must be a non-empty string" })
@@ -136,6 +173,17 @@ export const validate = (config: Config): Effect.Effect<runloop.Resolved, Config
         reason: "must be shorter than rebalanceTimeout, so that the final commit lands before the group moves on"
       })
     }
+    const reconnectTimeout = yield* duration("reconnectTimeout", config.reconnectTimeout, Duration.minutes(2))
+    const offsetReset = config.offsetReset ?? "earliest"
+    if (offsetReset !== "earliest" && offsetReset !== "latest" && offsetReset !== "none") {
+      return yield* new ConfigError({
+        field: "offsetReset",
+        reason: `must be "earliest", "latest" or "none", got ${JSON.stringify(offsetReset)}`
+      })
+    }
+    if (config.rejoin !== undefined && typeof config.rejoin !== "boolean") {
+      return yield* new ConfigError({ field: "rejoin", reason: `must be true or false, got ${String(config.rejoin)}` })
+    }
     return {
       session: {
         groupId: config.groupId,
@@ -150,10 +198,24 @@ export const validate = (config: Config): Effect.Effect<runloop.Resolved, Config
       },
       bufferSize,
       revokeTimeout,
+      stepTimeout: Duration.divide(Duration.subtract(rebalanceTimeout, revokeTimeout), 4).pipe(
+        Option.getOrElse(() => Duration.millis(1))
+      ),
       retry: config.retry ??
-        Schedule.exponential(Duration.millis(100)).pipe(Schedule.intersect(Schedule.recurs(5)))
-    }
+        Schedule.exponential(Duration.millis(100)).pipe(Schedule.intersect(Schedule.recurs(5))),
+      offsetReset,
+      reconnectTimeout,
+      rejoin: config.rejoin ?? true
+    } satisfies runloop.Resolved
   })
+
+/**
+ * Checks a configuration before anything connects; each invalid value fails with a `ConfigError` naming its field.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const validate = (config: Config): Effect.Effect<void, ConfigError> => Effect.asVoid(resolve(config))
 
 /**
  * A handler of a chunk of records of one partition, in offset order.
@@ -168,7 +230,11 @@ export type Handler<E, R> = (
 
 /**
  * Runs the consumer: partitions concurrently, chunks of a partition one after another, positions committed as the
- * provided `CommitPolicy` says. Never succeeds; it ends by interruption or with the first error.
+ * provided `CommitPolicy` says. Never succeeds; it ends by interruption or with the first error. A handler that
+ * keeps failing ends it with `HandlerFailed`, whose `cause` is the handler's own error, typed.
+ *
+ * A handler that writes through the offset store's transaction (it requires `OffsetStore.Transaction`) can run only
+ * under `CommitPolicy.transactional`, the one policy that provides it.
  *
  * @since 0.1.0
  * @category running
@@ -177,11 +243,17 @@ export const run = <E, R, EH = never, RH = never>(
   config: Config,
   handler: Handler<E, R>,
   hooks: Hooks<EH, RH> = {}
-): Effect.Effect<never, ConsumerError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | Exclude<RH, Scope.Scope>> =>
-  Effect.flatMap(validate(config), (resolved) => runloop.run(resolved, handler, hooks))
+): Effect.Effect<never, ConsumerError | HandlerFailed<E> | EH, Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>> =>
+  Effect.flatMap(resolve(config), (resolved) =>
+    runloop.run(
+      resolved,
+      (records, partition) =>
+        Effect.mapError(handler(records, partition), (error) => new runloop.HandlerFailure(error, undefined)),
+      hooks
+    ))
 
 /**
- * Runs the consumer with a handler per record. When the handler fails, the error names the record it failed on.
+ * Runs the consumer with a handler per record. When the handler fails, `HandlerFailed` names the record it failed on.
  *
  * @since 0.1.0
  * @category running
@@ -190,15 +262,18 @@ export const runEach = <E, R, EH = never, RH = never>(
   config: Config,
   handler: (record: ConsumerRecord) => Effect.Effect<void, E, R>,
   hooks: Hooks<EH, RH> = {}
-): Effect.Effect<never, ConsumerError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | Exclude<RH, Scope.Scope>> =>
-  run(
-    config,
-    (records) =>
-      Effect.forEach(records, (record) => Effect.mapError(handler(record), (e) => new runloop.RecordFailure(record.offset, e)), {
-        discard: true
-      }) as Effect.Effect<void, E, R>,
-    hooks
-  )
+): Effect.Effect<never, ConsumerError | HandlerFailed<E> | EH, Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>> =>
+  Effect.flatMap(resolve(config), (resolved) =>
+    runloop.run(
+      resolved,
+      (records) =>
+        Effect.forEach(
+          records,
+          (record) => Effect.mapError(handler(record), (error) => new runloop.HandlerFailure(error, record.offset)),
+          { discard: true }
+        ),
+      hooks
+    ))
 
 /**
  * One assigned partition and its records. The stream ends when the partition is revoked. A chunk counts as handled
@@ -220,12 +295,12 @@ export interface PartitionStream {
  */
 export const partitions = (
   config: Config
-): Stream.Stream<PartitionStream, ConsumerError, Driver | CommitPolicy> =>
+): Stream.Stream<PartitionStream, ConsumerError | HandlerFailed<never>, Driver | CommitPolicy> =>
   Stream.unwrapScoped(Effect.gen(function*() {
     type Handoff = readonly [Chunk.Chunk<ConsumerRecord>, Deferred.Deferred<void>] | null
     const out = yield* Queue.unbounded<PartitionStream>()
     const handoffs = new Map<string, Queue.Queue<Handoff>>()
-    const failed = yield* Deferred.make<never, ConsumerError>()
+    const failed = yield* Deferred.make<never, ConsumerError | HandlerFailed<never>>()
 
     const partitionStream = (tp: TopicPartition.TopicPartition, handoff: Queue.Queue<Handoff>) => {
       let previous: Deferred.Deferred<void> | undefined
@@ -267,7 +342,7 @@ export const partitions = (
     )
     const fiber = yield* consumer.pipe(
       Effect.catchAllCause((cause) =>
-        Cause.isInterruptedOnly(cause) ? Effect.void : Deferred.failCause(failed, cause as Cause.Cause<ConsumerError>)
+        Cause.isInterruptedOnly(cause) ? Effect.void : Deferred.failCause(failed, cause)
       ),
       Effect.forkScoped
     )
@@ -283,7 +358,9 @@ export const partitions = (
  * @since 0.1.0
  * @category streams
  */
-export const records = (config: Config): Stream.Stream<ConsumerRecord, ConsumerError, Driver | CommitPolicy> =>
+export const records = (
+  config: Config
+): Stream.Stream<ConsumerRecord, ConsumerError | HandlerFailed<never>, Driver | CommitPolicy> =>
   partitions(config).pipe(
     Stream.flatMap((p) => p.records, { concurrency: "unbounded" }),
     Stream.flattenChunks

@@ -34,7 +34,14 @@ export type Subscription =
  *   current generation are accepted until `release`.
  * - `Lost`: the partitions are already gone (the member was evicted, e.g. its session expired); nothing may be
  *   committed for them any more.
- * - `Records`: fetched records of one partition, in offset order, starting at the partition's fetch position.
+ * - `Records`: fetched records of one partition, in offset order, never empty. They are every record this consumer
+ *   may read at offsets from `from` (included) to `next` (excluded): an offset in that range that holds none of them
+ *   holds nothing to read (a transaction marker, a record of an aborted transaction, a record removed by compaction).
+ *   After a seek to `p`, the partition's first `Records` has `from` equal to `p`; each later one starts where the one
+ *   before ended (`from` equals the previous `next`). Offsets are not contiguous: a consumer must accept a first
+ *   record above `from`, never treat it as a stale fetch.
+ * - `OutOfRange`: the partition's fetch position `position` is outside its log (below its earliest offset, after
+ *   retention or `deleteRecords`, or above its latest). Nothing more is fetched for the partition until it is sought.
  *
  * @since 0.1.0
  * @category models
@@ -47,7 +54,27 @@ export type DriverEvent =
     readonly release: Effect.Effect<void>
   }
   | { readonly _tag: "Lost"; readonly partitions: ReadonlyArray<TopicPartition> }
-  | { readonly _tag: "Records"; readonly partition: TopicPartition; readonly records: Chunk.Chunk<ConsumerRecord> }
+  | {
+    readonly _tag: "Records"
+    readonly partition: TopicPartition
+    readonly records: Chunk.Chunk<ConsumerRecord>
+    readonly from: bigint
+    readonly next: bigint
+  }
+  | { readonly _tag: "OutOfRange"; readonly partition: TopicPartition; readonly position: bigint }
+
+/**
+ * The offsets a partition's log holds: `earliest` is the first offset still stored (it moves up with retention and
+ * `deleteRecords`), `latest` the offset the next record will get (the high watermark). A position in between, both
+ * included, is in range.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface PartitionOffsets {
+  readonly earliest: bigint
+  readonly latest: bigint
+}
 
 /**
  * Options the runloop passes when it joins.
@@ -80,17 +107,23 @@ export interface SessionOptions {
 export interface DriverSession {
   readonly memberId: string
   readonly poll: Effect.Effect<ReadonlyArray<DriverEvent>, DriverError>
-  /** Commits positions (next offsets to read) as the group's committed offsets. */
+  /**
+   * Commits positions (next offsets to read) as the group's committed offsets, all or nothing. Partitions this member
+   * does not own are refused (`CommitFailed` with reason `NotOwned`, naming them), and nothing of the commit lands.
+   */
   readonly commit: (offsets: OffsetBatch) => Effect.Effect<void, CommitFailed>
   /** The group's committed positions for these partitions; absent when none was committed. */
   readonly committed: (
     partitions: ReadonlyArray<TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, bigint>, DriverError>
-  /** The earliest available offset of each partition, for partitions with no committed position. */
-  readonly beginning: (
+  /** The earliest and latest offsets of each partition's log, keyed by `TopicPartition.key`. */
+  readonly offsets: (
     partitions: ReadonlyArray<TopicPartition>
-  ) => Effect.Effect<ReadonlyMap<string, bigint>, DriverError>
-  /** Sets the fetch position of an owned partition; records fetched before the seek are not returned after it. */
+  ) => Effect.Effect<ReadonlyMap<string, PartitionOffsets>, DriverError>
+  /**
+   * Sets the fetch position of an owned partition; records fetched before the seek are not returned after it, and
+   * the partition's next `Records` starts from `position` (or an `OutOfRange` says that it cannot).
+   */
   readonly seek: (partition: TopicPartition, position: bigint) => Effect.Effect<void, DriverError>
   readonly pause: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void>
   readonly resume: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void>

@@ -1,11 +1,11 @@
 /**
  * An in-memory Kafka: topics, partitions, consumer groups with several members, eager rebalances, committed offsets,
- * session timeouts and crash injection. It keeps the `Driver` contract exactly as the kafkajs driver does, runs on the
- * Effect `Clock` (so it is deterministic under `TestClock`), and is the test kit users get for their own consumers.
+ * session timeouts and crash injection, and the gaps of a real log (transaction markers, aborted transactions,
+ * compaction, retention). It keeps the `Driver` contract exactly as the kafkajs driver does, runs on the Effect
+ * `Clock` (so it is deterministic under `TestClock`), and is the test kit users get for their own consumers.
  *
  * @since 0.1.0
  */
-import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
 import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
@@ -16,9 +16,11 @@ import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
-import { Driver, type DriverEvent, type DriverSession, type SessionOptions } from "./Driver.js"
-import { Faults, type CrashPoint } from "./Faults.js"
-import { CommitFailed, ConfigError, DriverError } from "./KafkaError.js"
+import { Driver, type DriverEvent, type DriverSession, type PartitionOffsets, type SessionOptions } from "./Driver.js"
+import { type CrashPoint, Faults } from "./Faults.js"
+import * as groups from "./internal/memoryGroups.js"
+import * as memoryLog from "./internal/memoryLog.js"
+import { CommitFailed, type CommitFailureReason, ConfigError, DriverError } from "./KafkaError.js"
 import * as OffsetBatch from "./OffsetBatch.js"
 import * as TopicPartition from "./TopicPartition.js"
 
@@ -55,6 +57,15 @@ export interface Options {
  * @since 0.1.0
  * @category models
  */
+export interface TopicOptions {
+  /** `cleanup.policy=compact`: `compact` keeps only the latest record of each key. */
+  readonly compacted?: boolean
+}
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
 export interface GroupMember {
   readonly memberId: string
   readonly partitions: ReadonlyArray<TopicPartition.TopicPartition>
@@ -65,13 +76,33 @@ export interface GroupMember {
  * @category tags
  */
 export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKafka")<InMemoryKafka, {
-  readonly createTopic: (topic: string, partitions: number) => Effect.Effect<void, ConfigError>
+  readonly createTopic: (
+    topic: string,
+    partitions: number,
+    options?: TopicOptions
+  ) => Effect.Effect<void, ConfigError>
   readonly produce: (
     topic: string,
     records: ReadonlyArray<ProducerRecord>
   ) => Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, DriverError>
+  /**
+   * Writes records as one transaction of a transactional producer, committed or aborted. Each partition it touched
+   * gets a marker after its records, an offset that holds nothing to read; an aborted transaction's records take
+   * offsets too and are never read (consumers read committed). Returns the offsets the records took.
+   */
+  readonly produceTransaction: (
+    topic: string,
+    records: ReadonlyArray<ProducerRecord>,
+    outcome: "commit" | "abort"
+  ) => Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, DriverError>
+  /** Runs the log cleaner on a compacted topic: only the latest record of each key stays. */
+  readonly compact: (topic: string) => Effect.Effect<void, DriverError>
+  /** Removes a partition's records below `before`, as retention or `kafka-delete-records` do. */
+  readonly deleteRecords: (topic: string, partition: number, before: bigint) => Effect.Effect<void, DriverError>
   /** The next offset to be written to each partition of the topic. */
   readonly endOffsets: (topic: string) => Effect.Effect<ReadonlyArray<bigint>, DriverError>
+  /** The earliest and latest offsets of each partition of the topic. */
+  readonly offsets: (topic: string) => Effect.Effect<ReadonlyArray<PartitionOffsets>, DriverError>
   readonly committed: (groupId: string) => Effect.Effect<ReadonlyMap<string, bigint>>
   readonly members: (groupId: string) => Effect.Effect<ReadonlyArray<GroupMember>>
   /** The generation of the group's current assignment; it grows by one with every completed rebalance. */
@@ -84,36 +115,17 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
   readonly freeze: (memberId: string) => Effect.Effect<void>
   /** A frozen member goes on; if it was evicted meanwhile, it learns on its next poll that its partitions are lost. */
   readonly thaw: (memberId: string) => Effect.Effect<void>
+  /** The group's next `times` commits are refused with `reason`, as the broker or the client would refuse them. */
+  readonly refuseCommits: (groupId: string, reason: CommitFailureReason, times?: number) => Effect.Effect<void>
+  /**
+   * The broker cannot be reached: connecting, polling, reading offsets fail with a retriable `DriverError`, commits
+   * with `CommitFailed` (`Disconnected`), and no heartbeat arrives, so members whose session expires meanwhile are
+   * evicted when it is back.
+   */
+  readonly unreachable: Effect.Effect<void>
+  /** The broker can be reached again. */
+  readonly reachable: Effect.Effect<void>
 }>() {}
-
-interface Member {
-  id: string
-  readonly groupId: string
-  readonly options: SessionOptions
-  /** `options.sessionTimeout` in millis, decoded once: every poll checks it. */
-  readonly sessionMillis: number
-  readonly static: boolean
-  generation: number
-  assigned: Array<TopicPartition.TopicPartition>
-  positions: Map<string, bigint>
-  paused: Set<string>
-  pendingEvents: Array<DriverEvent>
-  awaitingRelease: boolean
-  rebalanceDeadline: number
-  lastHeartbeat: number
-  inGroup: boolean
-  dead: boolean
-  frozen: boolean
-  fetched: number
-}
-
-interface Group {
-  readonly id: string
-  members: Array<Member>
-  generation: number
-  rebalancing: boolean
-  committed: Map<string, bigint>
-}
 
 const encoder = new TextEncoder()
 const bytes = (value: Uint8Array | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
@@ -127,20 +139,16 @@ const hashBytes = (value: Uint8Array): number => {
   return h >>> 0
 }
 
-const sortTopicPartitions = (tps: Array<TopicPartition.TopicPartition>) => tps.sort(TopicPartition.compare)
-
 /**
  * Builds the broker's state and its operations. Exposed through `layer`.
  */
 const makeBroker = (options: Options) =>
   Effect.gen(function*() {
-    const assignor = options.assignor ?? "range"
-    const topics = new Map<string, Array<Array<ConsumerRecord>>>()
-    const groups = new Map<string, Group>()
-    const members = new Map<string, Member>()
-    let memberSeq = 0
+    const topics = new Map<string, memoryLog.Topic>()
     let roundRobin = 0
+    let down = false
     let changed = yield* Deferred.make<void>()
+    const read = memoryLog.makeReader()
 
     const notify = Effect.suspend(() => {
       const previous = changed
@@ -152,107 +160,33 @@ const makeBroker = (options: Options) =>
       )
     })
 
-    const groupOf = (id: string): Group => {
-      let group = groups.get(id)
-      if (group === undefined) {
-        group = { id, members: [], generation: 0, rebalancing: false, committed: new Map() }
-        groups.set(id, group)
-      }
-      return group
-    }
-
     const partitionsOf = (topicNames: ReadonlyArray<string>): Array<TopicPartition.TopicPartition> => {
       const out: Array<TopicPartition.TopicPartition> = []
       for (const topic of topicNames) {
-        const log = topics.get(topic)
-        if (log !== undefined) log.forEach((_, partition) => out.push({ topic, partition }))
+        const found = topics.get(topic)
+        if (found !== undefined) found.partitions.forEach((_, partition) => out.push({ topic, partition }))
       }
       return out
     }
+    const logOf = (tp: TopicPartition.TopicPartition) => topics.get(tp.topic)?.partitions[tp.partition]
 
-    const assign = (group: Group): void => {
-      const active = group.members.filter((m) => !m.static)
-      const ids = active.map((m) => m.id).sort()
-      const byId = new Map(active.map((m) => [m.id, [] as Array<TopicPartition.TopicPartition>]))
-      const allTopics = Array.from(
-        new Set(active.flatMap((m) => m.options.subscription._tag === "Topics" ? m.options.subscription.topics : []))
-      ).sort()
-      if (assignor === "range") {
-        for (const topic of allTopics) {
-          const subscribers = ids.filter((id) => {
-            const s = members.get(id)!.options.subscription
-            return s._tag === "Topics" && s.topics.includes(topic)
-          })
-          const tps = partitionsOf([topic])
-          const per = Math.floor(tps.length / Math.max(1, subscribers.length))
-          const extra = tps.length % Math.max(1, subscribers.length)
-          let at = 0
-          subscribers.forEach((id, i) => {
-            const n = per + (i < extra ? 1 : 0)
-            byId.get(id)!.push(...tps.slice(at, at + n))
-            at += n
-          })
-        }
-      } else {
-        let i = 0
-        for (const tp of partitionsOf(allTopics)) {
-          for (let tries = 0; tries < ids.length; tries++) {
-            const id = ids[(i + tries) % ids.length]!
-            const s = members.get(id)!.options.subscription
-            if (s._tag === "Topics" && s.topics.includes(tp.topic)) {
-              byId.get(id)!.push(tp)
-              i = (i + tries + 1) % ids.length
-              break
-            }
-          }
-        }
-      }
-      group.generation++
-      group.rebalancing = false
-      for (const m of active) {
-        const tps = sortTopicPartitions(byId.get(m.id) ?? [])
-        m.generation = group.generation
-        m.assigned = tps
-        m.positions = new Map()
-        m.paused = new Set()
-        m.pendingEvents.push({ _tag: "Assigned", partitions: tps })
-      }
-    }
+    const coordinator = groups.makeCoordinator(options.assignor ?? "range", partitionsOf)
+    const { groupOf, members } = coordinator
 
-    const maybeCompleteRebalance = (group: Group): void => {
-      if (group.rebalancing && group.members.every((m) => m.static || !m.awaitingRelease)) assign(group)
-    }
-
-    const startRebalance = (group: Group, now: number): void => {
-      group.rebalancing = true
-      for (const m of group.members) {
-        if (m.static) continue
-        if (m.assigned.length > 0 && !m.awaitingRelease) {
-          m.awaitingRelease = true
-          m.rebalanceDeadline = now + Duration.toMillis(m.options.rebalanceTimeout)
-          const generation = m.generation
-          const member = m
-          m.pendingEvents.push({
-            _tag: "Revoked",
-            partitions: [...m.assigned],
-            release: Effect.suspend(() => release(member, generation))
-          })
-        }
-      }
-      maybeCompleteRebalance(group)
-    }
+    const release = (member: groups.Member, generation: number) =>
+      coordinator.release(member, generation) ? notify : Effect.void
 
     // Removes a member from its group without a revoke: its partitions move at once.
-    const evict = (member: Member, now: number): void => {
+    const evict = (member: groups.Member, now: number): void => {
       if (!member.inGroup) return
       member.inGroup = false
       member.awaitingRelease = false
       const group = groupOf(member.groupId)
       group.members = group.members.filter((m) => m !== member)
-      if (!member.static) startRebalance(group, now)
+      if (!member.static) coordinator.startRebalance(group, now, release)
     }
 
-    const expire = (group: Group, now: number): boolean => {
+    const expire = (group: groups.Group, now: number): boolean => {
       let any = false
       for (const m of [...group.members]) {
         const sessionExpired = now - m.lastHeartbeat > m.sessionMillis
@@ -265,75 +199,58 @@ const makeBroker = (options: Options) =>
       return any
     }
 
-    const release = (member: Member, generation: number) =>
-      Effect.gen(function*() {
-        if (member.dead || !member.inGroup || member.generation !== generation || !member.awaitingRelease) return
-        member.awaitingRelease = false
-        member.assigned = []
-        member.positions = new Map()
-        maybeCompleteRebalance(groupOf(member.groupId))
-        yield* notify
-      })
-
-    const join = (member: Member, now: number): void => {
+    const join = (member: groups.Member, now: number): void => {
       const group = groupOf(member.groupId)
       member.inGroup = true
       member.lastHeartbeat = now
       group.members.push(member)
       if (member.static) {
         const s = member.options.subscription
-        member.assigned = s._tag === "Partitions" ? sortTopicPartitions([...s.partitions]) : []
+        member.assigned = s._tag === "Partitions" ? [...s.partitions].sort(TopicPartition.compare) : []
         member.generation = -1
         member.pendingEvents.push({ _tag: "Assigned", partitions: member.assigned })
       } else {
-        startRebalance(group, now)
+        coordinator.startRebalance(group, now, release)
       }
     }
 
-    // Fetched records are views of the log, not copies. A view is a slice of a chunk over the log as long as it was
-    // when the view was made: the log only grows, so what a slice covers never changes. The chunk over the whole log
-    // is never handed out, since it wraps the array that grows.
-    const views = new WeakMap<Array<ConsumerRecord>, Chunk.Chunk<ConsumerRecord>>()
-    const slice = (log: Array<ConsumerRecord>, from: number, end: number): Chunk.Chunk<ConsumerRecord> => {
-      if (from === 0 && end === log.length) return Chunk.unsafeFromArray(log.slice(from, end))
-      let view = views.get(log)
-      if (view === undefined || Chunk.size(view) !== log.length) {
-        view = Chunk.unsafeFromArray(log)
-        views.set(log, view)
-      }
-      return Chunk.take(Chunk.drop(view, from), end - from)
-    }
-
-    const fetch = (member: Member): Array<DriverEvent> => {
+    const fetch = (member: groups.Member): Array<DriverEvent> => {
       const out: Array<DriverEvent> = []
       const group = groupOf(member.groupId)
       if (member.awaitingRelease || (group.rebalancing && !member.static)) return out
       for (const tp of member.assigned) {
         const k = TopicPartition.key(tp)
-        if (member.paused.has(k)) continue
-        const log = topics.get(tp.topic)?.[tp.partition]
-        if (log === undefined) continue
         // A newly assigned partition is fetched only once the runloop has sought it to its start position.
         const position = member.positions.get(k)
-        if (position === undefined || position >= BigInt(log.length)) continue
-        const from = Number(position)
-        const end = Math.min(from + member.options.maxPollRecords, log.length)
-        member.positions.set(k, BigInt(end))
-        member.fetched += end - from
-        out.push({ _tag: "Records", partition: tp, records: slice(log, from, end) })
+        if (position === undefined || member.paused.has(k) || member.outOfRange.has(k)) continue
+        const log = logOf(tp)
+        if (log === undefined) continue
+        const fetched = read(log, position, member.options.maxPollRecords)
+        if (fetched._tag === "Empty") continue
+        if (fetched._tag === "OutOfRange") {
+          member.outOfRange.add(k)
+          out.push({ _tag: "OutOfRange", partition: tp, position })
+          continue
+        }
+        member.positions.set(k, fetched.next)
+        member.fetched += fetched.records.length
+        out.push({ _tag: "Records", partition: tp, records: fetched.records, from: position, next: fetched.next })
       }
       return out
     }
 
-    const pollOnce = (member: Member, now: number): Array<DriverEvent> | "lost" => {
+    let changedPending = false
+    // The group looks at sessions before this poll counts as the member's heartbeat: a member that was paused past its
+    // session learns here that it was evicted.
+    const pollOnce = (member: groups.Member, now: number): Array<DriverEvent> | "lost" => {
       const group = groupOf(member.groupId)
       if (expire(group, now)) changedPending = true
       if (!member.inGroup) return "lost"
+      member.lastHeartbeat = now
       const events = member.pendingEvents
       member.pendingEvents = []
       return events.concat(fetch(member))
     }
-    let changedPending = false
 
     const flushNotify = Effect.suspend(() => {
       if (!changedPending) return Effect.void
@@ -341,8 +258,8 @@ const makeBroker = (options: Options) =>
       return notify
     })
 
-    const newMember = (options: SessionOptions, now: number): Member => ({
-      id: `${options.clientId}-${++memberSeq}`,
+    const newMember = (options: SessionOptions, now: number): groups.Member => ({
+      id: `${options.clientId}-${coordinator.nextMemberId()}`,
       groupId: options.groupId,
       options,
       sessionMillis: Duration.toMillis(options.sessionTimeout),
@@ -350,6 +267,7 @@ const makeBroker = (options: Options) =>
       generation: 0,
       assigned: [],
       positions: new Map(),
+      outOfRange: new Set(),
       paused: new Set(),
       pendingEvents: [],
       awaitingRelease: false,
@@ -361,15 +279,19 @@ const makeBroker = (options: Options) =>
       fetched: 0
     })
 
-    const whileFrozen = (member: Member): Effect.Effect<void> =>
+    const whileFrozen = (member: groups.Member): Effect.Effect<void> =>
       Effect.suspend(() => {
         if (member.dead) return Effect.never
         if (!member.frozen) return Effect.void
         return Deferred.await(changed).pipe(Effect.zipRight(whileFrozen(member)))
       })
 
+    const unreachableError = (operation: string) =>
+      new DriverError({ operation, reason: "the broker cannot be reached", retriable: true })
+
     const connect = (options: SessionOptions): Effect.Effect<DriverSession, DriverError, Scope.Scope> =>
       Effect.gen(function*() {
+        if (down) return yield* unreachableError("connect")
         const subscribed = options.subscription._tag === "Topics"
           ? options.subscription.topics
           : options.subscription.partitions.map((tp) => tp.topic)
@@ -385,7 +307,7 @@ const makeBroker = (options: Options) =>
         yield* notify
 
         const heartbeat = Effect.gen(function*() {
-          if (member.dead || member.frozen) return
+          if (member.dead || member.frozen || down) return
           const t = yield* Clock.currentTimeMillis
           member.lastHeartbeat = t
           if (expire(groupOf(member.groupId), t)) yield* notify
@@ -408,11 +330,9 @@ const makeBroker = (options: Options) =>
         const poll: Effect.Effect<ReadonlyArray<DriverEvent>, DriverError> = Effect.clockWith((clock) => {
           // The common case, a member that is neither dead nor frozen and has something to return, takes no
           // generator and no extra steps: it runs once per poll loop turn.
-          if (member.dead || member.frozen) return slowPoll
+          if (member.dead || member.frozen || down) return slowPoll
           const wake = changed
-          const t = clock.unsafeCurrentTimeMillis()
-          member.lastHeartbeat = t
-          const first = pollOnce(member, t)
+          const first = pollOnce(member, clock.unsafeCurrentTimeMillis())
           if (first === "lost" || first.length === 0 || changedPending) {
             return Effect.zipRight(flushNotify, afterFirst(wake, first))
           }
@@ -421,10 +341,9 @@ const makeBroker = (options: Options) =>
 
         const slowPoll: Effect.Effect<ReadonlyArray<DriverEvent>, DriverError> = Effect.gen(function*() {
           yield* whileFrozen(member)
+          if (down) return yield* unreachableError("poll")
           const wake = changed
-          const t = yield* Clock.currentTimeMillis
-          member.lastHeartbeat = t
-          const first = pollOnce(member, t)
+          const first = pollOnce(member, yield* Clock.currentTimeMillis)
           yield* flushNotify
           return yield* afterFirst(wake, first)
         })
@@ -440,6 +359,7 @@ const makeBroker = (options: Options) =>
             const woke = yield* Deferred.await(wake).pipe(Effect.timeoutOption(options.pollTimeout))
             if (Option.isNone(woke)) return []
             yield* whileFrozen(member)
+            if (down) return yield* unreachableError("poll")
             const t2 = yield* Clock.currentTimeMillis
             const second = pollOnce(member, t2)
             yield* flushNotify
@@ -453,10 +373,11 @@ const makeBroker = (options: Options) =>
           const lost = member.assigned
           member.assigned = []
           member.positions = new Map()
+          member.outOfRange = new Set()
           member.pendingEvents = []
           const t = yield* Clock.currentTimeMillis
           members.delete(member.id)
-          member.id = `${options.clientId}-${++memberSeq}`
+          member.id = `${options.clientId}-${coordinator.nextMemberId()}`
           members.set(member.id, member)
           join(member, t)
           yield* notify
@@ -464,32 +385,13 @@ const makeBroker = (options: Options) =>
         })
 
         const commitNow = (offsets: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> => {
-          if (!member.inGroup) {
-            return Effect.fail(new CommitFailed({ reason: "UnknownMember", retriable: false, detail: member.id }))
+          if (down) {
+            const partitions = Array.from(offsets.positions.keys(), TopicPartition.fromKey)
+            return Effect.fail(new CommitFailed({ reason: "Disconnected", partitions, detail: "the broker cannot be reached" }))
           }
           const group = groupOf(member.groupId)
-          if (!member.static && member.generation !== group.generation) {
-            return Effect.fail(
-              new CommitFailed({
-                reason: "IllegalGeneration",
-                retriable: false,
-                detail: `member generation ${member.generation}, group generation ${group.generation}`
-              })
-            )
-          }
-          // The broker itself would take a commit for any partition from a member of the current generation;
-          // refusing partitions the member does not own keeps a late commit from moving another owner's position.
-          const owns = new Set(member.assigned.map(TopicPartition.key))
-          const foreign = [...offsets.positions.keys()].filter((k) => !owns.has(k))
-          if (foreign.length > 0) {
-            return Effect.fail(
-              new CommitFailed({
-                reason: "IllegalGeneration",
-                retriable: false,
-                detail: `${foreign.join(", ")} not assigned to ${member.id}`
-              })
-            )
-          }
+          const refused = groups.refuseCommit(member, group, offsets)
+          if (refused !== undefined) return Effect.fail(refused)
           for (const [k, position] of offsets.positions) group.committed.set(k, position)
           return Effect.void
         }
@@ -503,6 +405,9 @@ const makeBroker = (options: Options) =>
               : commitNow(offsets)
           )
 
+        const reachableOr = <A>(operation: string, f: () => A): Effect.Effect<A, DriverError> =>
+          Effect.suspend(() => down ? Effect.fail(unreachableError(operation)) : Effect.succeed(f()))
+
         const session: DriverSession = {
           get memberId() {
             return member.id
@@ -510,7 +415,7 @@ const makeBroker = (options: Options) =>
           poll,
           commit,
           committed: (tps) =>
-            Effect.sync(() => {
+            reachableOr("committed", () => {
               const group = groupOf(member.groupId)
               const out = new Map<string, bigint>()
               for (const tp of tps) {
@@ -519,11 +424,21 @@ const makeBroker = (options: Options) =>
               }
               return out
             }),
-          beginning: (tps) => Effect.sync(() => new Map(tps.map((tp) => [TopicPartition.key(tp), 0n] as const))),
+          offsets: (tps) =>
+            reachableOr("offsets", () => {
+              const out = new Map<string, PartitionOffsets>()
+              for (const tp of tps) {
+                const log = logOf(tp)
+                if (log !== undefined) out.set(TopicPartition.key(tp), memoryLog.offsets(log))
+              }
+              return out
+            }),
           seek: (tp, position) =>
             Effect.sync(() => {
               if (member.assigned.some((a) => TopicPartition.equals(a, tp))) {
-                member.positions.set(TopicPartition.key(tp), position)
+                const k = TopicPartition.key(tp)
+                member.positions.set(k, position)
+                member.outOfRange.delete(k)
               }
             }),
           pause: (tps) =>
@@ -539,10 +454,76 @@ const makeBroker = (options: Options) =>
         return session
       })
 
+    const topicOf = (operation: string, topic: string): Effect.Effect<memoryLog.Topic, DriverError> =>
+      Effect.suspend(() => {
+        const found = topics.get(topic)
+        return found === undefined
+          ? Effect.fail(new DriverError({ operation, reason: `unknown topic "${topic}"` }))
+          : Effect.succeed(found)
+      })
+
+    /** The records of one write, by partition, as builders that take the offset the log gives them. */
+    const plan = (operation: string, topic: memoryLog.Topic, records: ReadonlyArray<ProducerRecord>, now: number) =>
+      Effect.suspend(() => {
+        const byPartition = new Map<number, Array<(offset: bigint) => ConsumerRecord>>()
+        const order: Array<number> = []
+        const count = topic.partitions.length
+        for (const r of records) {
+          const key = r.key === undefined || r.key === null ? null : bytes(r.key)
+          const partition = r.partition ?? (key !== null ? hashBytes(key) % count : roundRobin++ % count)
+          if (!Number.isInteger(partition) || partition < 0 || partition >= count) {
+            return Effect.fail(
+              new DriverError({ operation, reason: `topic "${topic.name}" has no partition ${partition}` })
+            )
+          }
+          const headers: Record<string, Uint8Array> = {}
+          if (r.headers !== undefined) for (const [k, v] of Object.entries(r.headers)) headers[k] = bytes(v)
+          const value = r.value === null ? null : bytes(r.value)
+          let list = byPartition.get(partition)
+          if (list === undefined) {
+            list = []
+            byPartition.set(partition, list)
+          }
+          list.push((offset) => ({ topic: topic.name, partition, offset, key, value, headers, timestamp: now }))
+          order.push(partition)
+        }
+        return Effect.succeed({ byPartition, order })
+      })
+
+    /** Writes a plan; the offsets come back in the order of the records given. */
+    const write = (
+      topic: memoryLog.Topic,
+      planned: Effect.Effect.Success<ReturnType<typeof plan>>,
+      transaction: "commit" | "abort" | undefined
+    ) => {
+      const offsets = new Map<number, Array<bigint>>()
+      for (const [partition, builders] of planned.byPartition) {
+        const log = topic.partitions[partition]!
+        offsets.set(partition, memoryLog.append(log, builders, transaction !== "abort"))
+        if (transaction !== undefined) memoryLog.appendMarker(log)
+      }
+      const taken = new Map<number, number>()
+      return planned.order.map((partition) => {
+        const at = taken.get(partition) ?? 0
+        taken.set(partition, at + 1)
+        return [partition, offsets.get(partition)![at]!] as const
+      })
+    }
+
+    const produceWith = (operation: string, transaction: "commit" | "abort" | undefined) =>
+    (topicName: string, records: ReadonlyArray<ProducerRecord>) =>
+      Effect.gen(function*() {
+        const topic = yield* topicOf(operation, topicName)
+        const planned = yield* plan(operation, topic, records, yield* Clock.currentTimeMillis)
+        const out = write(topic, planned, transaction)
+        yield* notify
+        return out
+      })
+
     const lookup = (memberId: string) => Option.fromNullable(members.get(memberId))
 
     const service: Context.Tag.Service<InMemoryKafka> = {
-      createTopic: (topic, partitions) =>
+      createTopic: (topic, partitions, topicOptions) =>
         Effect.suspend(() => {
           if (topic.length === 0) {
             return new ConfigError({ field: "topic", reason: "must be a non-empty string" })
@@ -550,56 +531,47 @@ const makeBroker = (options: Options) =>
           if (!Number.isInteger(partitions) || partitions < 1) {
             return new ConfigError({ field: "partitions", reason: `must be a positive integer, got ${partitions}` })
           }
-          if (!topics.has(topic)) topics.set(topic, Array.from({ length: partitions }, () => []))
+          if (!topics.has(topic)) {
+            topics.set(topic, memoryLog.makeTopic(topic, partitions, topicOptions?.compacted === true))
+          }
           return notify
         }),
-      produce: (topic, records) =>
-        Effect.gen(function*() {
-          const log = topics.get(topic)
-          if (log === undefined) {
-            return yield* new DriverError({ operation: "produce", reason: `unknown topic "${topic}"` })
-          }
-          const now = yield* Clock.currentTimeMillis
-          const out: Array<readonly [number, bigint]> = []
-          for (const r of records) {
-            const key = r.key === undefined || r.key === null ? null : bytes(r.key)
-            const partition = r.partition ?? (key !== null ? hashBytes(key) % log.length : roundRobin++ % log.length)
-            const target = log[partition]
-            if (target === undefined) {
-              return yield* new DriverError({
-                operation: "produce",
-                reason: `topic "${topic}" has no partition ${partition}`
-              })
-            }
-            const headers: Record<string, Uint8Array> = {}
-            if (r.headers !== undefined) for (const [k, v] of Object.entries(r.headers)) headers[k] = bytes(v)
-            const offset = BigInt(target.length)
-            target.push({
-              topic,
-              partition,
-              offset,
-              key,
-              value: r.value === null ? null : bytes(r.value),
-              headers,
-              timestamp: now
+      produce: produceWith("produce", undefined),
+      produceTransaction: (topic, records, outcome) => produceWith("produceTransaction", outcome)(topic, records),
+      compact: (topicName) =>
+        Effect.flatMap(topicOf("compact", topicName), (topic) => {
+          if (!topic.compacted) {
+            return new DriverError({
+              operation: "compact",
+              reason: `topic "${topicName}" is not compacted (create it with { compacted: true })`
             })
-            out.push([partition, offset])
           }
-          yield* notify
-          return out
+          for (const log of topic.partitions) memoryLog.compact(log)
+          return notify
         }),
-      endOffsets: (topic) =>
-        Effect.suspend(() => {
-          const log = topics.get(topic)
-          return log === undefined
-            ? new DriverError({ operation: "endOffsets", reason: `unknown topic "${topic}"` })
-            : Effect.succeed(log.map((p) => BigInt(p.length)))
+      deleteRecords: (topicName, partition, before) =>
+        Effect.flatMap(topicOf("deleteRecords", topicName), (topic) => {
+          const log = topic.partitions[partition]
+          if (log === undefined) {
+            return new DriverError({ operation: "deleteRecords", reason: `topic "${topicName}" has no partition ${partition}` })
+          }
+          if (before < 0n || before > log.end) {
+            return new DriverError({
+              operation: "deleteRecords",
+              reason: `offset ${before} is outside ${topicName}-${partition}'s log (0 to ${log.end})`
+            })
+          }
+          memoryLog.deleteBefore(log, before)
+          return notify
         }),
+      endOffsets: (topic) => Effect.map(topicOf("endOffsets", topic), (t) => t.partitions.map((p) => p.end)),
+      offsets: (topic) => Effect.map(topicOf("offsets", topic), (t) => t.partitions.map(memoryLog.offsets)),
       committed: (groupId) => Effect.sync(() => new Map(groupOf(groupId).committed)),
       members: (groupId) =>
         Effect.sync(() => groupOf(groupId).members.map((m) => ({ memberId: m.id, partitions: [...m.assigned] }))),
       generation: (groupId) => Effect.sync(() => groupOf(groupId).generation),
-      fetchedCount: (memberId) => Effect.sync(() => Option.match(lookup(memberId), { onNone: () => 0, onSome: (m) => m.fetched })),
+      fetchedCount: (memberId) =>
+        Effect.sync(() => Option.match(lookup(memberId), { onNone: () => 0, onSome: (m) => m.fetched })),
       kill: (memberId) =>
         Effect.gen(function*() {
           const member = members.get(memberId)
@@ -619,7 +591,20 @@ const makeBroker = (options: Options) =>
           const member = members.get(memberId)
           if (member !== undefined) member.frozen = false
           return notify
-        })
+        }),
+      refuseCommits: (groupId, reason, times = 1) =>
+        Effect.sync(() => {
+          const refusals = groupOf(groupId).refusals
+          for (let i = 0; i < times; i++) refusals.push(reason)
+        }),
+      unreachable: Effect.suspend(() => {
+        down = true
+        return notify
+      }),
+      reachable: Effect.suspend(() => {
+        down = false
+        return notify
+      })
     }
 
     const driver: Context.Tag.Service<Driver> = { connect }
@@ -653,7 +638,9 @@ export const layerFaults = (
     Faults,
     Effect.map(InMemoryKafka, (kafka) => ({
       crashAt: (point, memberId, partitions) =>
-        Effect.suspend(() => plan(point, memberId, partitions) ? Effect.as(kafka.kill(memberId), true) : Effect.succeed(false))
+        Effect.suspend(() =>
+          plan(point, memberId, partitions) ? Effect.as(kafka.kill(memberId), true) : Effect.succeed(false)
+        )
     }))
   )
 
@@ -663,8 +650,12 @@ export const layerFaults = (
  * @since 0.1.0
  * @category accessors
  */
-export const createTopic = (topic: string, partitions: number): Effect.Effect<void, ConfigError, InMemoryKafka> =>
-  Effect.flatMap(InMemoryKafka, (kafka) => kafka.createTopic(topic, partitions))
+export const createTopic = (
+  topic: string,
+  partitions: number,
+  options?: TopicOptions
+): Effect.Effect<void, ConfigError, InMemoryKafka> =>
+  Effect.flatMap(InMemoryKafka, (kafka) => kafka.createTopic(topic, partitions, options))
 
 /**
  * @since 0.1.0
@@ -675,6 +666,19 @@ export const produce = (
   records: ReadonlyArray<ProducerRecord>
 ): Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, DriverError, InMemoryKafka> =>
   Effect.flatMap(InMemoryKafka, (kafka) => kafka.produce(topic, records))
+
+/**
+ * Writes records as one committed or aborted transaction (see {@link InMemoryKafka}).
+ *
+ * @since 0.1.0
+ * @category accessors
+ */
+export const produceTransaction = (
+  topic: string,
+  records: ReadonlyArray<ProducerRecord>,
+  outcome: "commit" | "abort"
+): Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, DriverError, InMemoryKafka> =>
+  Effect.flatMap(InMemoryKafka, (kafka) => kafka.produceTransaction(topic, records, outcome))
 
 /**
  * The group's committed positions as a batch.

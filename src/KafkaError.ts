@@ -1,7 +1,13 @@
 /**
  * @since 0.1.0
  */
+import * as Data from "effect/Data"
 import * as Schema from "effect/Schema"
+
+const Partition = Schema.Struct({ topic: Schema.String, partition: Schema.Number })
+
+const describe = (partitions: ReadonlyArray<{ readonly topic: string; readonly partition: number }>) =>
+  partitions.map((tp) => `${tp.topic}-${tp.partition}`).join(", ")
 
 /**
  * A configuration value is invalid. Raised before anything connects; `field` names the setting to fix.
@@ -19,7 +25,9 @@ export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError"
 }
 
 /**
- * The client could not talk to the cluster (connect, poll, seek).
+ * The client could not talk to the cluster (connect, poll, seek, offsets). A `retriable` error is one that goes away
+ * when the cluster is reachable again (a closed connection, a broker restarting, a timeout): the consumer reconnects on
+ * its own until `reconnectTimeout` has passed. The others (an unknown topic, a refused login) end the consumer.
  *
  * @since 0.1.0
  * @category errors
@@ -27,6 +35,7 @@ export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError"
 export class DriverError extends Schema.TaggedError<DriverError>()("DriverError", {
   operation: Schema.String,
   reason: Schema.String,
+  retriable: Schema.optionalWith(Schema.Boolean, { default: () => false }),
   cause: Schema.optional(Schema.Defect)
 }) {
   override get message(): string {
@@ -35,39 +44,149 @@ export class DriverError extends Schema.TaggedError<DriverError>()("DriverError"
 }
 
 /**
- * A commit was refused. `retriable` commits (a coordinator moving, a rebalance starting) are retried on the
- * configured schedule; the others mean this member no longer owns the partitions it tried to commit.
+ * Why a commit was refused, in three kinds that decide what happens to the positions:
+ *
+ * - retried, positions kept for the next commit: `RebalanceInProgress`, `CoordinatorNotAvailable` (the group's
+ *   coordinator is loading, moved, or unreachable), `Timeout`, `Disconnected`, `Transient` (any other error the client
+ *   marks retriable);
+ * - the member no longer owns the partitions, whose positions are dropped (the next owner repeats what was handled
+ *   since the last commit): `IllegalGeneration`, `UnknownMember`, `NotOwned`;
+ * - fatal, the consumer ends: `Unauthorized` (the group or the topic is not this client's to commit), `Other`.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type CommitFailureReason = typeof CommitFailed.fields.reason.Type
+
+/**
+ * A commit was refused. `partitions` names the partitions the refusal concerns (for `NotOwned`, only those; for the
+ * other reasons, the whole commit). What the consumer does about it follows from `reason`: see
+ * {@link CommitFailureReason}.
  *
  * @since 0.1.0
  * @category errors
  */
 export class CommitFailed extends Schema.TaggedError<CommitFailed>()("CommitFailed", {
-  reason: Schema.Literal("RebalanceInProgress", "IllegalGeneration", "UnknownMember", "CoordinatorNotAvailable", "Other"),
-  retriable: Schema.Boolean,
+  reason: Schema.Literal(
+    "RebalanceInProgress",
+    "CoordinatorNotAvailable",
+    "Timeout",
+    "Disconnected",
+    "Transient",
+    "IllegalGeneration",
+    "UnknownMember",
+    "NotOwned",
+    "Unauthorized",
+    "Other"
+  ),
+  partitions: Schema.Array(Partition),
   detail: Schema.optional(Schema.String)
 }) {
+  /** The commit may succeed if tried again: the positions are kept. */
+  get retriable(): boolean {
+    switch (this.reason) {
+      case "RebalanceInProgress":
+      case "CoordinatorNotAvailable":
+      case "Timeout":
+      case "Disconnected":
+      case "Transient":
+        return true
+      default:
+        return false
+    }
+  }
+
+  /** The member no longer owns `partitions`: their positions are dropped, and only theirs. */
+  get notOwned(): boolean {
+    return this.reason === "IllegalGeneration" || this.reason === "UnknownMember" || this.reason === "NotOwned"
+  }
+
+  /** Neither retriable nor a lost partition: the consumer ends with this error. */
+  get fatal(): boolean {
+    return !this.retriable && !this.notOwned
+  }
+
   override get message(): string {
-    return `Commit refused (${this.reason})${this.detail === undefined ? "" : `: ${this.detail}`}`
+    const where = this.partitions.length === 0 ? "" : ` for ${describe(this.partitions)}`
+    return `Commit refused${where} (${this.reason})${this.detail === undefined ? "" : `: ${this.detail}`}`
   }
 }
 
 /**
- * The handler kept failing on a record after every retry of the configured schedule. The partition's position
- * stays at this record: nothing after it was committed.
+ * The handler kept failing on a record after every retry of the configured schedule. The partition's position stays
+ * at this record: nothing after it was committed. `cause` is the handler's own error, typed.
  *
  * @since 0.1.0
  * @category errors
  */
-export class HandlerFailed extends Schema.TaggedError<HandlerFailed>()("HandlerFailed", {
+export class HandlerFailed<out E = unknown> extends Data.TaggedError("HandlerFailed")<{
+  readonly topic: string
+  readonly partition: number
+  readonly offset: bigint
+  readonly cause: unknown
+}> {
+  declare readonly cause: E
+
+  override get message(): string {
+    const cause: unknown = this.cause
+    return `Handler failed on ${this.topic}-${this.partition} at offset ${this.offset} after its retries: ${
+      cause instanceof Error ? cause.message : String(cause)
+    }`
+  }
+}
+
+/**
+ * A partition's position is not in its log: nothing was committed or stored for it (`position` is `null`), or the
+ * position is below the log's earliest offset (records removed by retention or `deleteRecords`) or above its latest.
+ * Raised when the consumer's `offsetReset` is `"none"`; `"earliest"` and `"latest"` move the partition there instead.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class OffsetOutOfRange extends Schema.TaggedError<OffsetOutOfRange>()("OffsetOutOfRange", {
   topic: Schema.String,
   partition: Schema.Number,
-  offset: Schema.BigIntFromSelf,
-  cause: Schema.Defect
+  position: Schema.NullOr(Schema.BigIntFromSelf),
+  earliest: Schema.BigIntFromSelf,
+  latest: Schema.BigIntFromSelf
 }) {
   override get message(): string {
-    return `Handler failed on ${this.topic}-${this.partition} at offset ${this.offset} after its retries: ${
-      this.cause instanceof Error ? this.cause.message : String(this.cause)
-    }`
+    const where = `${this.topic}-${this.partition}`
+    const range = `its log holds offsets ${this.earliest} to ${this.latest}`
+    return this.position === null
+      ? `No position for ${where} (nothing committed or stored) and offsetReset is "none"; ${range}`
+      : `Position ${this.position} of ${where} is out of range: ${range}, and offsetReset is "none"`
+  }
+}
+
+/**
+ * The member lost partitions without a revoke (it was evicted, e.g. paused past its session) and `rejoin` is off.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class PartitionsLost extends Schema.TaggedError<PartitionsLost>()("PartitionsLost", {
+  partitions: Schema.Array(Partition)
+}) {
+  override get message(): string {
+    return `Partitions ${describe(this.partitions)} were lost without a revoke (the member was evicted) and rejoin is off`
+  }
+}
+
+/**
+ * The work of a revoked partition did not stop when it was interrupted (it sits in an uninterruptible region), and
+ * the partition was assigned to this member again. The consumer ends rather than run two workers on one partition.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class WorkerStuck extends Schema.TaggedError<WorkerStuck>()("WorkerStuck", {
+  topic: Schema.String,
+  partition: Schema.Number
+}) {
+  override get message(): string {
+    return `The worker of ${this.topic}-${this.partition} did not stop after it was interrupted on revoke, and the ` +
+      "partition came back to this member: stopping rather than running two workers on one partition"
   }
 }
 

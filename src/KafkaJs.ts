@@ -9,6 +9,7 @@ import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
+import type * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
 import { Partitioners } from "kafkajs"
 import type { Message } from "kafkajs"
@@ -19,20 +20,40 @@ import * as internal from "./internal/kafkajs.js"
 import * as session from "./internal/kafkajsSession.js"
 
 /**
+ * What kafkajs itself logs, through Effect's logger.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type LogLevel = "nothing" | "error" | "warn" | "info" | "debug"
+
+/**
  * TLS settings for the broker connections: PEM strings, as Node's `tls.connect` takes them.
  *
  * @since 0.1.0
  * @category models
  */
-export interface TlsOptions extends internal.TlsOptions {}
+export interface TlsOptions {
+  readonly ca?: string | ReadonlyArray<string> | undefined
+  readonly cert?: string | undefined
+  readonly key?: string | undefined
+  readonly passphrase?: string | undefined
+  readonly servername?: string | undefined
+  readonly rejectUnauthorized?: boolean | undefined
+}
 
 /**
- * SASL credentials.
+ * SASL credentials. The password stays redacted (`Config.redacted("KAFKA_PASSWORD")` reads one) until the kafkajs
+ * client is built; no log line or error of this module carries it.
  *
  * @since 0.1.0
  * @category models
  */
-export type SaslOptions = internal.SaslOptions
+export interface SaslOptions {
+  readonly mechanism: "plain" | "scram-sha-256" | "scram-sha-512"
+  readonly username: string
+  readonly password: Redacted.Redacted<string>
+}
 
 /**
  * How kafkajs retries requests that fail with retriable errors (exponential backoff with jitter).
@@ -40,7 +61,13 @@ export type SaslOptions = internal.SaslOptions
  * @since 0.1.0
  * @category models
  */
-export interface RetryOptions extends internal.RetryConfig {}
+export interface RetryOptions {
+  readonly retries?: number | undefined
+  readonly initialRetryTime?: Duration.DurationInput | undefined
+  readonly maxRetryTime?: Duration.DurationInput | undefined
+  readonly factor?: number | undefined
+  readonly multiplier?: number | undefined
+}
 
 /**
  * Connection settings, passed through to kafkajs, and consumer tuning. Durations accept anything
@@ -49,7 +76,19 @@ export interface RetryOptions extends internal.RetryConfig {}
  * @since 0.1.0
  * @category models
  */
-export interface Config extends internal.ConnectionConfig {
+export interface Config {
+  /** Bootstrap brokers, each `host:port`. */
+  readonly brokers: ReadonlyArray<string>
+  /** Default client id; a session's own `clientId` takes precedence. */
+  readonly clientId?: string | undefined
+  readonly ssl?: boolean | TlsOptions | undefined
+  readonly sasl?: SaslOptions | undefined
+  readonly connectionTimeout?: Duration.DurationInput | undefined
+  readonly authenticationTimeout?: Duration.DurationInput | undefined
+  readonly requestTimeout?: Duration.DurationInput | undefined
+  readonly retry?: RetryOptions | undefined
+  /** What kafkajs itself logs, through Effect's logger. Default `"warn"`. */
+  readonly logLevel?: LogLevel | undefined
   /** How long the broker may hold a fetch when there is nothing new (kafkajs `maxWaitTimeInMs`). Default 500 ms. */
   readonly maxWaitTime?: Duration.DurationInput | undefined
   /** Default: a third of the session timeout, at most 3 seconds. */
@@ -88,31 +127,63 @@ export interface ProduceRecord {
  *   partition's batch calls return at once and the adapter keeps their records (returned first on resume, never
  *   fetched twice); after two such batches kafkajs stops fetching the partition until it is resumed. So a slow
  *   partition never holds the others' fetches, and what a consumer holds is bounded by its `bufferSize` plus two
- *   fetches (`maxBytesPerPartition`) per partition, whatever the backlog.
+ *   fetches (`maxBytesPerPartition`) per partition, whatever the backlog. A newly assigned partition is fetched only
+ *   once the runloop has sought it (kafkajs would otherwise start at the group's committed offset on its own); when
+ *   every partition waits for its seek, kafkajs's fetch loop sleeps up to `maxWaitTime` before it looks again.
+ * - **Offsets with gaps.** Every `Records` event accounts for its offsets exactly (`from`, `next`): kafkajs drops
+ *   transaction markers and aborted records from a batch (and resolves a batch that this leaves empty without handing
+ *   it over); the adapter follows kafkajs's fetch position through both, so the `Records` after a gap start where
+ *   the previous one ended, and the last `Records` of a batch ends after a trailing marker. A batch that starts
+ *   elsewhere than kafkajs's known position is checked against the partition's log (admin `fetchTopicOffsets`):
+ *   further on with the position still in the log, the offsets in between hold nothing to read; otherwise the
+ *   position is out of range.
+ * - **Out of range.** kafkajs resets a partition whose fetch answers OFFSET_OUT_OF_RANGE to its earliest offset
+ *   without telling its user, and commits its default offset (-2) for the group. The adapter learns of it from
+ *   kafkajs's log line ("Offset out of range, resetting to default offset"; it receives error-level lines whatever
+ *   `logLevel` says), stops fetching the partition at once, and asks the cluster: a position outside the log gives
+ *   `OutOfRange` (after the partition's records already fetched), a position back in range puts kafkajs back there.
+ *   kafkajs's commit of -2 is sent with the group's committed position instead, when the session knows it (it read it
+ *   with `committed`, or committed it), so only the runloop's commits move the group's positions.
  * - **Heartbeats continue** while records wait for `poll` and while a revoke is held; the runloop's processing
  *   time does not count against the session.
  * - **Revocation.** kafkajs uses the eager protocol and has no revoke callback: on every rebalance all owned
- *   partitions are revoked (`Revoked`), then the new assignment arrives (`Assigned`). When the rebalance is noticed
- *   by a heartbeat inside a batch call (records were being handed over, or just had been), the call holds kafkajs's
- *   rejoin until the runloop calls `release`, bounded by the rebalance timeout; commits made before `release` use the
- *   generation the partitions belonged to and are visible to the next owner.
- *   When it is noticed while no batch call runs (an idle member, or every partition paused), kafkajs has already
- *   started to rejoin when `Revoked` is emitted and does not wait: the partitions can move before `release`, and a
- *   commit for a partition that moved fails with a non-retriable `CommitFailed` (the records are then delivered
- *   again to the next owner: duplicates, never loss). Use an offset store (`transactional`) where that matters.
- * - **Commits for partitions this member does not own are refused** (`CommitFailed`, `IllegalGeneration`): kafkajs
- *   would send them with its current generation, which the broker accepts for any partition of the group. A commit
- *   that kafkajs retries internally (coordinator moving) could still land after a rebalance; that cannot be
- *   prevented from outside kafkajs.
- * - **Lost.** A rejoin that was not announced (an evicted member, a metadata change) or a crash of the kafkajs
- *   consumer ends the assignment with `Lost`. A crash kafkajs does not restart from fails `poll` with a
- *   `DriverError`.
+ *   partitions are revoked (`Revoked`), then the new assignment arrives (`Assigned`). Whatever the member is doing
+ *   when the rebalance is noticed (handing records over, idle, every partition paused under a backlog, its workers busy
+ *   with records already returned), kafkajs's JoinGroup request is held in the session's own socket layer until the
+ *   runloop calls `release`. The coordinator completes a rebalance only when every member has sent its JoinGroup (or
+ *   the rebalance timeout has passed), so no member is given any partition before this one released them. While it
+ *   holds, kafkajs sends no heartbeats; the session sends them in its place, with the member's generation, and the
+ *   coordinator answers REBALANCE_IN_PROGRESS and keeps the member, so a hold may outlast the session timeout. Commits
+ *   made before `release` carry the generation the partitions belonged to; the coordinator accepts them while the
+ *   group prepares the rebalance, and they are what the next owner starts from. After `release`, commits for the
+ *   revoked partitions are refused (`NotOwned`). The hold ends by itself a heartbeat interval and a second before the
+ *   rebalance timeout (counted from when the rebalance was noticed), with a warning: past it the group would go on
+ *   without this member. Closing the session ends the hold too. Measured on Kafka 3.9.1 with a 6 s session timeout
+ *   and an 8 s hold, idle and with every partition paused: the joining member was assigned 2 to 5 ms after `release`,
+ *   every heartbeat of the hold was answered REBALANCE_IN_PROGRESS, and a commit at the end of the hold was accepted.
+ *   Without the held JoinGroup the joining member was assigned 4 to 6 ms after `Revoked` (the two members overlapped
+ *   for the whole hold); without the heartbeats the coordinator evicted the member after its 6 s session timeout.
+ * - **Commits** are all or nothing. Partitions this member does not own are refused (`CommitFailed`, `NotOwned`,
+ *   naming just those): kafkajs would send them with its current generation, which the broker accepts for any
+ *   partition of the group. kafkajs retries a commit that fails retriably (coordinator moving, a timeout) with the
+ *   generation current at each attempt; one that spans a rebalance could land for a partition that moved in between,
+ *   which cannot be prevented from outside kafkajs. With the held JoinGroup that needs a coordinator failure during
+ *   the commit, or a hold that ran out.
+ * - **`offsets`** reads the log start and the last stable offset (what a read-committed consumer can reach; the high
+ *   watermark when no transaction is open), through kafkajs's admin client, which asks for read-committed offsets.
+ * - **Lost.** A rejoin as a new member (the coordinator had evicted this one) or a crash of the kafkajs consumer ends
+ *   the assignment with `Lost`. A crash kafkajs does not restart from fails `poll` with a `DriverError`.
+ * - **Errors.** A `DriverError` is `retriable` when it goes away once the cluster is reachable again: a closed or
+ *   refused connection, a request timeout, a broker, leader or coordinator moving, also after kafkajs gave up retrying
+ *   them. An unknown topic, a refused authentication or authorization, or a bad setting is not.
  * - **`Subscription.Partitions`.** kafkajs has no manual assignment: the member joins `groupId` with an assignor that
  *   gives every member exactly the partitions it asked for, so commits land in that group and partitions never move.
  *   All members of such a group must use `Partitions` (kafkajs rejects a group mixing assignors). Another member
  *   joining makes kafkajs rejoin; the adapter puts each partition back at the runloop's position, and commits made
  *   during that short rebalance fail as retriable.
  * - Topics must exist before a session subscribes to them (`createTopic`).
+ * - The SASL password stays `Redacted` until a kafkajs client is built, and no log line (kafkajs's own included) or
+ *   error of this module carries it.
  *
  * @since 0.1.0
  * @category layers
@@ -122,7 +193,7 @@ export const layer = (config: Config): Layer.Layer<Driver, ConfigError> =>
     Driver,
     Effect.gen(function*() {
       const runtime = yield* Effect.runtime<never>()
-      const kafka = yield* internal.makeKafkaConfig(config, runtime)
+      const client = yield* internal.makeClientConfig(config, runtime)
       const maxWaitTimeInMs = (yield* internal.positiveMillis("maxWaitTime", config.maxWaitTime)) ?? 500
       const heartbeatInterval = yield* internal.positiveMillis("heartbeatInterval", config.heartbeatInterval)
       const partitionsConsumedConcurrently = (yield* internal.positiveInteger(
@@ -130,7 +201,7 @@ export const layer = (config: Config): Layer.Layer<Driver, ConfigError> =>
         config.partitionsConsumedConcurrently
       )) ?? 16
       const settings: session.ConsumerSettings = {
-        kafka,
+        client,
         maxWaitTimeInMs,
         heartbeatInterval,
         partitionsConsumedConcurrently,
@@ -158,7 +229,7 @@ const adminClient = (brokers: string | ReadonlyArray<string>, clientId: string) 
   Effect.gen(function*() {
     const list = yield* internal.parseBrokers(brokers)
     const runtime = yield* Effect.runtime<never>()
-    const config = yield* internal.makeKafkaConfig({ brokers: list, clientId }, runtime)
+    const config = yield* internal.makeClientConfig({ brokers: list, clientId }, runtime)
     return internal.makeClient(config)
   })
 

@@ -11,7 +11,7 @@ import * as Layer from "effect/Layer"
 import * as Schema from "effect/Schema"
 import * as fileStore from "./internal/fileOffsetStore.js"
 import * as memoryStore from "./internal/memoryOffsetStore.js"
-import { UnitBuffer } from "./internal/unitBuffer.js"
+import { OutsideUnit, outsideUnitReason, UnitBuffer } from "./internal/unitBuffer.js"
 import type { ConfigError } from "./KafkaError.js"
 import type { TopicPartition } from "./TopicPartition.js"
 
@@ -33,8 +33,10 @@ export class OffsetStoreError extends Schema.TaggedError<OffsetStoreError>()("Of
 }
 
 /**
- * The stored position was not the one this batch started from: another member moved the partition on. The unit of
- * work was rolled back; this member has lost the partition and must give it up, not retry.
+ * The unit of work belongs to an owner that is no longer the partition's owner: another member claimed the partition
+ * (`OffsetStore.claim`) after this one did, so the unit's owner epoch is not the partition's any more. The unit of
+ * work was rolled back: neither its writes nor its position landed. The member has lost the partition (it is a
+ * zombie: paused, timed out, rebalanced away) and must give it up, not retry.
  *
  * @since 0.1.0
  * @category errors
@@ -43,19 +45,35 @@ export class Fenced extends Schema.TaggedError<Fenced>()("Fenced", {
   groupId: Schema.String,
   topic: Schema.String,
   partition: Schema.Number,
-  expected: Schema.NullOr(Schema.BigIntFromSelf),
-  actual: Schema.NullOr(Schema.BigIntFromSelf)
+  /** The owner epoch the unit was started with. */
+  epoch: Schema.BigIntFromSelf,
+  /** The partition's owner epoch in the store when the unit tried to commit; `null` when it was never claimed. */
+  currentEpoch: Schema.NullOr(Schema.BigIntFromSelf)
 }) {
   override get message(): string {
-    return `Fenced on ${this.topic}-${this.partition} (group ${this.groupId}): the batch started from position ${
-      this.expected ?? "none"
-    } but the store holds ${this.actual ?? "none"}; another member owns this partition now`
+    return `Fenced on ${this.topic}-${this.partition} (group ${this.groupId}): the unit belongs to owner epoch ${this.epoch}` +
+      ` but the partition ${
+        this.currentEpoch === null ? "was never claimed" : `was claimed by epoch ${this.currentEpoch}`
+      }; another member owns it now`
   }
 }
 
 /**
+ * What a member gets when it claims a partition: its owner epoch, and the stored position (the next offset to read;
+ * `null` when nothing was stored yet). The position is final for every earlier owner: none of their units commits
+ * after the claim.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Claim {
+  readonly epoch: bigint
+  readonly position: bigint | null
+}
+
+/**
  * One unit of work: the handler's writes for a batch of one partition and the partition's new position, committed
- * together only if the stored position is still `expected` (`null`: nothing stored yet).
+ * together only if the partition's owner epoch is still `epoch`, the one its member got from `claim`.
  *
  * @since 0.1.0
  * @category models
@@ -63,13 +81,15 @@ export class Fenced extends Schema.TaggedError<Fenced>()("Fenced", {
 export interface CommitUnit {
   readonly groupId: string
   readonly partition: TopicPartition
-  readonly expected: bigint | null
+  readonly epoch: bigint
   readonly next: bigint
 }
 
 /**
  * The open transaction of a unit of work, provided to the handler while it runs under the `transactional` policy.
  * Each store gives typed access to it (`OffsetStore.append` for memory and files, `PgOffsetStore.sql` for Postgres).
+ * Outside a unit of work (in a hook, say) the service exists but holds no transaction: using it fails with
+ * `OffsetStoreError`.
  *
  * @since 0.1.0
  * @category tags
@@ -85,15 +105,27 @@ export class Transaction extends Context.Tag("effect-kafka-delivery/OffsetStore/
  */
 export class OffsetStore extends Context.Tag("effect-kafka-delivery/OffsetStore")<OffsetStore, {
   readonly name: string
-  /** Stored positions of these partitions, keyed by `TopicPartition.key`; absent when nothing is stored. */
+  /**
+   * Stored positions of these partitions, keyed by `TopicPartition.key`; absent when nothing is stored. Reading does
+   * not claim: for tools, tests and lag.
+   */
   readonly load: (
     groupId: string,
     partitions: ReadonlyArray<TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, bigint>, OffsetStoreError>
   /**
+   * Makes the caller the owner of these partitions: each partition's owner epoch goes up by one, and the new epoch
+   * is returned with the stored position, keyed by `TopicPartition.key`. A unit of an earlier owner that is
+   * committing at that moment either commits before the claim (and the position returned includes it) or is fenced.
+   */
+  readonly claim: (
+    groupId: string,
+    partitions: ReadonlyArray<TopicPartition>
+  ) => Effect.Effect<ReadonlyMap<string, Claim>, OffsetStoreError>
+  /**
    * Runs `work` inside a transaction of the store and stores `unit.next` in the same transaction, on the condition
-   * that the stored position is `unit.expected`. If `work` fails, or the condition does not hold (`Fenced`),
-   * neither the work's writes nor the position land.
+   * that the partition's owner epoch is still `unit.epoch`. If `work` fails, or the condition does not hold
+   * (`Fenced`), neither the work's writes nor the position land.
    */
   readonly commit: <A, E, R>(
     unit: CommitUnit,
@@ -135,6 +167,7 @@ export const append = (entries: ReadonlyArray<unknown>): Effect.Effect<void, Off
     const buffer = transaction.handle
     const fail = (reason: string, cause?: unknown) =>
       new OffsetStoreError({ store: transaction.store, operation: "append", reason, cause })
+    if (buffer instanceof OutsideUnit) return Effect.fail(fail(outsideUnitReason))
     if (!(buffer instanceof UnitBuffer)) {
       return Effect.fail(
         fail(
@@ -180,9 +213,9 @@ export const results = (
   Effect.flatMap(Results, (store) => store.read(groupId, partition))
 
 /**
- * An offset store in memory, with results written through {@link append}. Commits of one partition are decided
- * atomically: of concurrent units that started from the same position, exactly one commits. For tests and the demo;
- * nothing survives the layer.
+ * An offset store in memory, with results written through {@link append}. A claim and a unit's check of the owner
+ * epoch are each one atomic step, so a unit of an earlier owner either commits before the claim or is fenced; units of
+ * the current owner may run side by side. For tests and the demo; nothing survives the layer.
  *
  * @since 0.1.0
  * @category layers
@@ -194,24 +227,34 @@ export const layerMemory: Layer.Layer<OffsetStore | Results> = Layer.effectConte
 /**
  * An offset store in a directory, through `@effect/platform`'s `FileSystem` (so it runs on Node, Deno and Bun).
  *
- * Each committed unit is one JSON file holding the position and the results appended by its work, written to a
- * temporary file, synced, then linked into place under a name that only one unit can take. That makes a commit
- * atomic and fenced even between processes sharing the directory. Files live under
- * `directory/<group>/<topic>/<partition>/`, numbered from 1, and the newest one holds the partition's position:
+ * Each partition is a chain of small JSON segments under `directory/<group>/<topic>/<partition>/`, numbered from 1;
+ * the newest holds the partition's owner epoch and position. A claim adds a `claim` segment (the epoch goes up by
+ * one), a committed unit a `unit` segment with its position and the results appended by its work. Each segment is
+ * written to a temporary file, synced, then linked into place under a name only one writer can take, and a unit is
+ * linked only on top of a segment of its own epoch: commits are atomic and fenced even between processes sharing the
+ * directory, with no lock between them.
  *
  * ```json
  * {
- *   "format": "effect-kafka-delivery/offset-segment/1",
+ *   "format": "effect-kafka-delivery/offset-segment/2",
+ *   "id": "0b6c4c1e-6f55-4d4e-9a53-3b1b5f9f3c8e",
  *   "groupId": "billing",
  *   "topic": "orders",
  *   "partition": 0,
  *   "sequence": 2,
- *   "from": "120",
+ *   "epoch": "3",
  *   "next": "125",
- *   "committedAt": "2025-01-01T12:00:00.000Z",
+ *   "kind": "unit",
+ *   "writtenAt": "2025-01-01T12:00:00.000Z",
  *   "results": [{ "orderId": "o-7" }]
  * }
  * ```
+ *
+ * Every 256 units the owner compacts the partition: the results since the last compaction go to one file under
+ * `archive/`, a `checkpoint` segment is linked, and the older segments are deleted. A partition directory so holds a
+ * few hundred segments at most, and loading, claiming or committing costs the same after a million units as after
+ * ten; the results are kept, in the archives. Directories written by the previous version (segment format 1) are read
+ * as they are, their units as never claimed, and continued by the first claim.
  *
  * A damaged file is reported with its path and left as it is; leftover `.tmp-*` files of a crashed write are ignored.
  *

@@ -1,22 +1,28 @@
 /**
- * The offset store in Postgres, on `postgres` (porsager). Positions live in one table; the handler writes its results
- * with the transaction from {@link sql}, and the position is stored in that same transaction, on the condition that it
- * is still the one the batch started from.
+ * The offset store in Postgres, on `postgres` (porsager). Positions and owner epochs live in one table; the handler
+ * writes its results in the unit's transaction (through {@link query} or {@link sql}), and the position is stored in
+ * that same transaction, on the condition that the partition's owner epoch is still the unit's.
  *
  * @since 0.1.0
  */
+import * as Cause from "effect/Cause"
+import * as Clock from "effect/Clock"
 import * as Config from "effect/Config"
 import * as EffectConfigError from "effect/ConfigError"
 import type * as Context from "effect/Context"
+import * as Data from "effect/Data"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
 import * as Redacted from "effect/Redacted"
+import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import postgres from "postgres"
+import { OutsideUnit, outsideUnitReason } from "./internal/unitBuffer.js"
 import { ConfigError } from "./KafkaError.js"
-import type { CommitUnit } from "./OffsetStore.js"
+import type { Claim, CommitUnit } from "./OffsetStore.js"
 import { Fenced, OffsetStore, OffsetStoreError, Transaction } from "./OffsetStore.js"
 import * as TopicPartition from "./TopicPartition.js"
 
@@ -24,8 +30,18 @@ const STORE = "postgres"
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/
 
 /**
- * Where the positions are kept. Give either `url` or a `postgres` client as `sql` (which the store then uses but does
- * not close).
+ * The isolation level of a unit's transaction.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type IsolationLevel = "read committed" | "repeatable read" | "serializable"
+
+const ISOLATION_LEVELS: ReadonlyArray<IsolationLevel> = ["read committed", "repeatable read", "serializable"]
+
+/**
+ * Where the positions are kept, and how failures that pass are retried. Give either `url` or a `postgres` client as
+ * `sql` (which the store then uses but does not close).
  *
  * @since 0.1.0
  * @category models
@@ -39,19 +55,119 @@ export interface Options {
   readonly table?: string | undefined
   /** The schema of the table; the connection's `search_path` when omitted. */
   readonly schema?: string | undefined
-  /** Create the schema and table when the layer starts (see {@link migrate}). */
+  /** Create or upgrade the schema and table when the layer starts (see {@link migrate}). */
   readonly migrate?: boolean | undefined
+  /** The isolation level of each unit's transaction; `"read committed"` when omitted (see {@link layer}). */
+  readonly isolationLevel?: IsolationLevel | undefined
+  /**
+   * The waits between attempts after a failure that passes (connection lost, server restarting, serialization
+   * failure, deadlock); it gets the failure as an `OffsetStoreError`. Exponential from 100 ms, capped at 5 seconds,
+   * jittered, when omitted.
+   */
+  readonly retry?: Schedule.Schedule<unknown, OffsetStoreError> | undefined
+  /** How long one operation keeps being retried before it fails; 60 seconds when omitted. */
+  readonly retryFor?: Duration.DurationInput | undefined
 }
 
-// The open transaction as the handler reaches it through `Transaction`; closed once the work has ended.
+const defaultRetry: Schedule.Schedule<unknown, OffsetStoreError> = Schedule.exponential("100 millis").pipe(
+  Schedule.union(Schedule.spaced("5 seconds")),
+  Schedule.jittered
+)
+
+/** The connection object postgres.js hands to a query's `onexecute`; `onclose` is its own hook for `sql.begin`. */
+interface TrackedConnection {
+  onclose?: ((error: unknown) => void) | null | undefined
+}
+
+/** What a query made on the unit's transaction once it cannot be used any more fails with. */
+class TransactionClosed extends Error {
+  override readonly name = "TransactionClosed"
+  constructor(readonly code: "CONNECTION_CLOSED" | "UNIT_ENDED", message: string) {
+    super(message)
+  }
+}
+
+// The open transaction of a unit of work as the handler reaches it through `Transaction`.
 class PgTransaction {
+  /** False once the work has ended. */
   open = true
-  constructor(readonly sql: postgres.ISql) {}
+  /** Why the unit's connection is gone, once postgres.js has reported it closed. */
+  lost: unknown = undefined
+  /** The last failure of the work's own statements that passes, raised through `query`. */
+  transient: OffsetStoreError | undefined = undefined
+  connection: TrackedConnection | undefined = undefined
+  readonly closed: Promise<never>
+  readonly sql: postgres.ISql
+  private close: (error: unknown) => void = () => {}
+
+  constructor(tx: postgres.ReservedSql) {
+    this.closed = new Promise<never>((_, reject) => {
+      this.close = reject
+    })
+    this.closed.catch(() => undefined)
+    this.sql = guard(tx, this)
+  }
+
+  lose(error: unknown) {
+    if (this.lost !== undefined) return
+    this.lost = error ?? new Error("connection closed")
+    this.close(this.lost)
+  }
+}
+
+// A ReservedSql must never send anything once its connection has closed: postgres.js would write to a socket that is
+// gone (`socket.write` on null, thrown in a timer, which kills the process), or, if the pool has meanwhile reopened
+// the connection for someone else, into their session, outside the unit's transaction. So the handler gets it behind
+// this guard, which refuses to make a query once the connection is lost or the unit has ended.
+const QUERYING = new Set<string | symbol>(["unsafe", "file", "notify"])
+
+const guard = (tx: postgres.ReservedSql, handle: PgTransaction): postgres.ISql => {
+  const check = () => {
+    if (handle.lost !== undefined) {
+      throw new TransactionClosed(
+        "CONNECTION_CLOSED",
+        "the unit's connection to Postgres was lost; the store rolls the unit back and runs it again"
+      )
+    }
+    if (!handle.open) {
+      throw new TransactionClosed(
+        "UNIT_ENDED",
+        "the unit of work has ended; use the transaction only while the work given to commit runs"
+      )
+    }
+  }
+  return new Proxy(tx, {
+    apply: (target, thisArg, args) => {
+      check()
+      return Reflect.apply(target, thisArg, args)
+    },
+    get: (target, property, receiver) => {
+      const value: unknown = Reflect.get(target, property, receiver)
+      if (!QUERYING.has(property) || typeof value !== "function") return value
+      return (...args: Array<unknown>) => {
+        check()
+        return Reflect.apply(value, target, args)
+      }
+    }
+  })
 }
 
 // Rows are read as arrays of text, whatever parsers or column transforms a client passed in `sql` was set up with.
-const decodeRows = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.String, Schema.String, Schema.String)))
-const decodePosition = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.String)))
+const decodePositions = Schema.decodeUnknownSync(
+  Schema.Array(Schema.Tuple(Schema.String, Schema.String, Schema.String))
+)
+const decodeClaims = Schema.decodeUnknownSync(
+  Schema.Array(Schema.Tuple(Schema.String, Schema.String, Schema.NullOr(Schema.String), Schema.String))
+)
+const decodeText = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String))))
+const decodeColumns = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.String, Schema.Boolean)))
+
+/** A unit's reserved connection, its transaction as the handler sees it, and its BEGIN on the way. */
+interface Session {
+  readonly tx: postgres.ReservedSql
+  readonly handle: PgTransaction
+  readonly begun: Promise<unknown>
+}
 
 interface Client {
   readonly sql: postgres.Sql
@@ -88,6 +204,7 @@ const errorCode = (cause: unknown): string | undefined =>
     ? cause.code
     : undefined
 
+// Codes of postgres.js and Node for a connection that could not be made or is gone.
 const UNREACHABLE = new Set([
   "ECONNREFUSED",
   "ECONNRESET",
@@ -95,12 +212,24 @@ const UNREACHABLE = new Set([
   "EAI_AGAIN",
   "EHOSTUNREACH",
   "ENETUNREACH",
+  "EPIPE",
   "ETIMEDOUT",
   "CONNECT_TIMEOUT",
   "CONNECTION_CLOSED",
   "CONNECTION_DESTROYED",
   "CONNECTION_ENDED"
 ])
+
+/** The connection is gone: connection exceptions (class 08) and the server shutting down or restarting. */
+const isConnectionLost = (code: string | undefined): boolean =>
+  code !== undefined &&
+  (UNREACHABLE.has(code) || code.startsWith("08") || code === "57P01" || code === "57P02" || code === "57P03")
+
+/** Failures that pass: a lost connection, or a transaction the server rolled back for a conflict with another. */
+const isTransient = (cause: unknown): boolean => {
+  const code = errorCode(cause)
+  return isConnectionLost(code) || code === "40001" || code === "40P01"
+}
 
 const describe = (cause: unknown): string => cause instanceof Error ? cause.message : String(cause)
 
@@ -132,8 +261,14 @@ const toStoreError = (operation: string, target: string) => (cause: unknown): Of
       cause
     })
   }
-  return new OffsetStoreError({ store: STORE, operation, reason: describe(cause), cause })
+  const sqlState = code !== undefined && /^[0-9A-Z]{5}$/.test(code) ? ` (SQLSTATE ${code})` : ""
+  return new OffsetStoreError({ store: STORE, operation, reason: `${describe(cause)}${sqlState}`, cause })
 }
+
+/** A failure that passes: the operation is tried again, on the retry schedule. */
+class Transient extends Data.TaggedError("Transient")<{ readonly error: OffsetStoreError }> {}
+
+const isTransientError = <E>(error: E | Transient): error is Transient => error instanceof Transient
 
 const targetOf = (sql: postgres.Sql): string => {
   const { database, host, port } = sql.options
@@ -167,6 +302,9 @@ const connect = (options: Options): Effect.Effect<Client, ConfigError | OffsetSt
     return { sql, table, target: targetOf(sql) }
   })
 
+// Creates the table, or brings one of an earlier version up to date: `epoch` was added, and `next_offset` became
+// nullable (a partition claimed before anything was stored). Columns are altered only when they need it, so that a
+// layer starting against an up-to-date table takes no exclusive lock on it.
 const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<void, OffsetStoreError> =>
   Effect.tryPromise({
     try: () =>
@@ -179,17 +317,32 @@ const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<
             group_id text not null,
             topic text not null,
             partition integer not null,
-            next_offset bigint not null,
+            next_offset bigint,
+            epoch bigint not null default 0,
             updated_at timestamptz not null default now(),
             primary key (group_id, topic, partition)
           )`
         )
+        const columns = decodeColumns(
+          await tx.unsafe(
+            `select attname::text, attnotnull from pg_attribute
+             where attrelid = $1::regclass and attnum > 0 and not attisdropped`,
+            [client.table]
+          ).values()
+        )
+        if (!columns.some(([name]) => name === "epoch")) {
+          await tx.unsafe(`alter table ${client.table} add column epoch bigint not null default 0`)
+        }
+        if (columns.some(([name, notNull]) => name === "next_offset" && notNull)) {
+          await tx.unsafe(`alter table ${client.table} alter column next_offset drop not null`)
+        }
       }),
     catch: toStoreError("migrate", client.target)
   }).pipe(Effect.asVoid)
 
 /**
- * Creates the schema (when given) and the table of positions if they do not exist. Safe to run concurrently and
+ * Creates the schema (when given) and the table of positions if they do not exist, and upgrades a table created by an
+ * earlier version in place (adding the `epoch` column; its rows count as never claimed). Safe to run concurrently and
  * repeatedly.
  *
  * @since 0.1.0
@@ -198,50 +351,129 @@ const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<
 export const migrate = (options: Options): Effect.Effect<void, ConfigError | OffsetStoreError> =>
   Effect.scoped(Effect.flatMap(connect(options), (client) => ensureTable(client, options.schema)))
 
+const transactionOf = (operation: string): Effect.Effect<PgTransaction, OffsetStoreError, Transaction> =>
+  Effect.flatMap(Transaction, (transaction) => {
+    const handle = transaction.handle
+    const fail = (reason: string) =>
+      Effect.fail(new OffsetStoreError({ store: transaction.store, operation, reason }))
+    if (handle instanceof OutsideUnit) return fail(outsideUnitReason)
+    if (!(handle instanceof PgTransaction)) {
+      return fail(
+        `the open unit of work belongs to the ${transaction.store} store, not to Postgres` +
+          " (use OffsetStore.append for the memory and file stores)"
+      )
+    }
+    if (!handle.open) {
+      return fail("the unit of work has ended; use the transaction only while the work given to commit runs")
+    }
+    return Effect.succeed(handle)
+  })
+
 /**
  * The open transaction of the unit of work, for the handler to write its results in. Use it, not another client:
  * only what goes through it commits or rolls back with the position. It is a connection in the middle of a
  * transaction, typed as postgres.js's `ISql`: queries, `unsafe` and the helpers, but no `begin`, `reserve` or `end`,
- * which would break the unit (a nested rollback point is a plain `savepoint` statement).
+ * which would break the unit (a nested rollback point is a plain `savepoint` statement). Prefer {@link query}, which
+ * fails with a typed error and lets the store retry the unit when the failure passes.
  *
  * @since 0.1.0
  * @category transactions
  */
-export const sql: Effect.Effect<postgres.ISql, OffsetStoreError, Transaction> = Effect.flatMap(
-  Transaction,
-  (transaction) => {
-    const handle = transaction.handle
-    if (!(handle instanceof PgTransaction)) {
-      return Effect.fail(
-        new OffsetStoreError({
-          store: transaction.store,
-          operation: "transaction",
-          reason: `the open unit of work belongs to the ${transaction.store} store, not to Postgres` +
-            " (use OffsetStore.append for the memory and file stores)"
-        })
-      )
-    }
-    if (!handle.open) {
-      return Effect.fail(
-        new OffsetStoreError({
-          store: STORE,
-          operation: "transaction",
-          reason: "the unit of work has ended; use the transaction only while the work given to commit runs"
-        })
-      )
-    }
-    return Effect.succeed(handle.sql)
-  }
+export const sql: Effect.Effect<postgres.ISql, OffsetStoreError, Transaction> = Effect.map(
+  transactionOf("transaction"),
+  (handle) => handle.sql
 )
+
+/**
+ * Runs queries in the open transaction of the unit of work: `f` gets the transaction (see {@link sql}) and its
+ * promise's failure becomes an `OffsetStoreError` (operation `query`, the SQLSTATE in `reason`, postgres.js's error as
+ * `cause`). When the failure passes (the connection was lost, a serialization failure, a deadlock), the store rolls
+ * the unit back and runs it again, whatever the work made of the error.
+ *
+ * ```ts
+ * const write = PgOffsetStore.query((sql) => sql`insert into payments ${sql(rows)}`)
+ * ```
+ *
+ * @since 0.1.0
+ * @category transactions
+ */
+export const query = <A>(
+  f: (sql: postgres.ISql) => Promise<A>
+): Effect.Effect<A, OffsetStoreError, Transaction> =>
+  Effect.flatMap(transactionOf("query"), (handle) =>
+    Effect.tryPromise({
+      try: () => Promise.race([f(handle.sql), handle.closed]),
+      catch: (cause) => {
+        const code = errorCode(cause)
+        const error = new OffsetStoreError({
+          store: STORE,
+          operation: "query",
+          reason: code === undefined ? describe(cause) : `${describe(cause)} (${code})`,
+          cause
+        })
+        if (isConnectionLost(code)) handle.lose(cause)
+        if (isTransient(cause)) handle.transient = error
+        return error
+      }
+    }))
 
 const make = (
   options: Options
 ): Effect.Effect<Context.Tag.Service<OffsetStore>, ConfigError | OffsetStoreError, Scope.Scope> =>
   Effect.gen(function*() {
+    const isolationLevel = options.isolationLevel ?? "read committed"
+    if (!ISOLATION_LEVELS.includes(isolationLevel)) {
+      return yield* new ConfigError({
+        field: "isolationLevel",
+        reason: `${JSON.stringify(isolationLevel)} is not one of ${ISOLATION_LEVELS.map((l) => `"${l}"`).join(", ")}`
+      })
+    }
+    const retryFor = Duration.decodeUnknown(options.retryFor ?? "60 seconds")
+    if (retryFor._tag === "None") {
+      return yield* new ConfigError({ field: "retryFor", reason: "is not a duration, such as \"60 seconds\"" })
+    }
+    const schedule = Schedule.upTo(options.retry ?? defaultRetry, retryFor.value)
     const client = yield* connect(options)
     const { table, target } = client
     yield* Effect.tryPromise({ try: () => client.sql.unsafe("select 1"), catch: toStoreError("connect", target) })
     if (options.migrate === true) yield* ensureTable(client, options.schema)
+
+    // A failure that passes is retried on the schedule, which is built only once something failed; when the schedule
+    // ends, the operation fails with the last failure and how long it was retried.
+    const retrying = <A, E, R>(
+      operation: string,
+      effect: Effect.Effect<A, E | Transient, R>
+    ): Effect.Effect<A, E | OffsetStoreError, R> =>
+      Effect.catchIf(effect, isTransientError, (first) =>
+        Effect.gen(function*() {
+          const driver = yield* Schedule.driver(schedule)
+          const started = yield* Clock.currentTimeMillis
+          const loop = (attempts: number, last: Transient): Effect.Effect<A, E | OffsetStoreError, R> =>
+            driver.next(last.error).pipe(
+              Effect.matchEffect({
+                onFailure: () =>
+                  Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                    Effect.fail(
+                      new OffsetStoreError({
+                        store: STORE,
+                        operation,
+                        reason: `still failing after ${attempts} attempts over ${
+                          Duration.format(Duration.millis(now - started))
+                        }: ${last.error.reason}`,
+                        cause: last.error.cause
+                      })
+                    )),
+                onSuccess: () => Effect.catchIf(effect, isTransientError, (again) => loop(attempts + 1, again))
+              })
+            )
+          return yield* loop(1, first)
+        }))
+
+    /** A failure of a statement on the pool: retried when it passes. */
+    const onPool = (operation: string) => (cause: unknown): OffsetStoreError | Transient => {
+      const error = toStoreError(operation, target)(cause)
+      return isTransient(cause) ? new Transient({ error }) : error
+    }
 
     const load = (
       groupId: string,
@@ -250,17 +482,21 @@ const make = (
       if (partitions.length === 0) return Effect.succeed(new Map())
       const wanted = new Set(partitions.map(TopicPartition.key))
       const topics = [...new Set(partitions.map((tp) => tp.topic))]
-      return Effect.tryPromise({
-        try: async () =>
-          decodeRows(
-            await client.sql.unsafe(
-              `select topic, partition::text, next_offset::text from ${table}
-               where group_id = $1 and topic = any($2::text[])`,
-              [groupId, topics], prepared
-            ).values()
-          ),
-        catch: toStoreError("load", target)
-      }).pipe(Effect.map((rows) => {
+      return retrying(
+        "load",
+        Effect.tryPromise({
+          try: async () =>
+            decodePositions(
+              await client.sql.unsafe(
+                `select topic, partition::text, next_offset::text from ${table}
+                 where group_id = $1 and topic = any($2::text[]) and next_offset is not null`,
+                [groupId, topics],
+                prepared
+              ).values()
+            ),
+          catch: onPool("load")
+        })
+      ).pipe(Effect.map((rows) => {
         const positions = new Map<string, bigint>()
         for (const [topic, partition, next] of rows) {
           const key = TopicPartition.key(TopicPartition.make(topic, Number(partition)))
@@ -270,110 +506,269 @@ const make = (
       }))
     }
 
-    const storePosition = (tx: postgres.Sql, unit: CommitUnit) => {
-      const { groupId, partition: { partition, topic } } = unit
-      return unit.expected === null
-        ? tx.unsafe(
-          `insert into ${table} (group_id, topic, partition, next_offset, updated_at)
-           values ($1, $2, $3::int, $4::bigint, now())
-           on conflict (group_id, topic, partition) do nothing`,
-          [groupId, topic, partition, unit.next.toString()], prepared
-        )
-        : tx.unsafe(
-          `update ${table} set next_offset = $4::bigint, updated_at = now()
-           where group_id = $1 and topic = $2 and partition = $3::int and next_offset = $5::bigint`,
-          [groupId, topic, partition, unit.next.toString(), unit.expected.toString()], prepared
-        )
-    }
-
-    const fenced = (tx: postgres.Sql, unit: CommitUnit): Effect.Effect<never, Fenced | OffsetStoreError> => {
-      const { groupId, partition: { partition, topic } } = unit
-      return Effect.tryPromise({
-        try: async () =>
-          decodePosition(
-            await tx.unsafe(
-              `select next_offset::text from ${table} where group_id = $1 and topic = $2 and partition = $3::int`,
-              [groupId, topic, partition], prepared
-            ).values()
-          ),
-        catch: toStoreError("commit", target)
-      }).pipe(Effect.flatMap((rows) => {
-        const actual = rows.length === 0 ? null : BigInt(rows[0][0])
-        return Effect.fail(new Fenced({ groupId, topic, partition, expected: unit.expected, actual }))
+    // One statement for all the partitions, in a fixed order so that two claims of overlapping partitions lock rows
+    // in the same order. The upsert waits for a unit holding a row (one that has stored its position and not yet
+    // committed) and then updates the newest version, so the position it returns includes that unit if it committed.
+    // Retrying is safe: a claim whose answer was lost only makes the epoch skip a number.
+    const claim = (
+      groupId: string,
+      partitions: ReadonlyArray<TopicPartition.TopicPartition>
+    ): Effect.Effect<ReadonlyMap<string, Claim>, OffsetStoreError> => {
+      const unique = [...new Map(partitions.map((tp) => [TopicPartition.key(tp), tp])).values()].sort(
+        TopicPartition.compare
+      )
+      if (unique.length === 0) return Effect.succeed(new Map())
+      return retrying(
+        "claim",
+        Effect.tryPromise({
+          try: async () =>
+            decodeClaims(
+              await client.sql.unsafe(
+                `insert into ${table} as offsets (group_id, topic, partition, next_offset, epoch, updated_at)
+                 select $1, claimed.topic, claimed.partition, null, 1, now()
+                 from unnest($2::text[], $3::int[]) with ordinality as claimed(topic, partition, n)
+                 order by claimed.n
+                 on conflict (group_id, topic, partition)
+                 do update set epoch = offsets.epoch + 1, updated_at = now()
+                 returning topic, partition::text, next_offset::text, epoch::text`,
+                [groupId, unique.map((tp) => tp.topic), unique.map((tp) => tp.partition)],
+                prepared
+              ).values()
+            ),
+          catch: onPool("claim")
+        })
+      ).pipe(Effect.map((rows) => {
+        const claims = new Map<string, Claim>()
+        for (const [topic, partition, next, epoch] of rows) {
+          claims.set(TopicPartition.key(TopicPartition.make(topic, Number(partition))), {
+            epoch: BigInt(epoch),
+            position: next === null ? null : BigInt(next)
+          })
+        }
+        return claims
       }))
     }
 
-    // Rolls back and gives the connection back to the pool, in the background if it takes longer than the bound: a
-    // rollback waits behind the statements still running on the connection. A connection that was lost is not given
-    // back: postgres.js has already taken it out of the pool.
-    const rollback = (tx: postgres.ReservedSql): Effect.Effect<void> =>
-      Effect.tryPromise(() =>
-        tx.unsafe("rollback").then(() => tx.release(), (cause: unknown) => {
-          if (!UNREACHABLE.has(errorCode(cause) ?? "")) tx.release()
+    /**
+     * A statement of the store on the unit's connection; it fails, rather than hangs, if the connection goes. A
+     * transaction aborted by a failure that passes, which the work caught and went on from (25P02), is tried again.
+     */
+    const onUnit = <A>(handle: PgTransaction, run: () => Promise<A>): Effect.Effect<A, OffsetStoreError | Transient> =>
+      Effect.tryPromise({
+        try: () => Promise.race([run(), handle.closed]),
+        catch: (cause) => {
+          const code = errorCode(cause)
+          if (isConnectionLost(code)) handle.lose(cause)
+          if (code === "25P02" && handle.transient !== undefined) return new Transient({ error: handle.transient })
+          const error = toStoreError("commit", target)(cause)
+          return isTransient(cause) ? new Transient({ error }) : error
+        }
+      })
+
+    const lostConnection = (handle: PgTransaction): Transient =>
+      new Transient({
+        error: new OffsetStoreError({
+          store: STORE,
+          operation: "commit",
+          reason: `the connection to Postgres at ${target} was lost while the unit ran (${describe(handle.lost)})`,
+          cause: handle.lost
         })
+      })
+
+    // The position is stored only if the partition's owner epoch is still the unit's. Under read committed, an UPDATE
+    // that finds the row locked (by a claim, or by another unit) waits, then checks its condition again on the row's
+    // newest version: a claim that committed meanwhile is seen, and the unit is fenced. `txid_current()` names the
+    // transaction, so that a COMMIT whose answer is lost with the connection can be settled (see `settle`).
+    const storePosition = (tx: postgres.ReservedSql, unit: CommitUnit) =>
+      tx.unsafe(
+        `update ${table} set next_offset = $4::bigint, updated_at = now()
+         where group_id = $1 and topic = $2 and partition = $3::int and epoch = $5::bigint
+         returning txid_current()::text`,
+        [unit.groupId, unit.partition.topic, unit.partition.partition, unit.next.toString(), unit.epoch.toString()],
+        prepared
+      ).values()
+
+    const fenced = (
+      tx: postgres.ReservedSql,
+      handle: PgTransaction,
+      unit: CommitUnit
+    ): Effect.Effect<never, Fenced | OffsetStoreError | Transient> => {
+      const { groupId, partition: { partition, topic } } = unit
+      return onUnit(handle, async () =>
+        decodeText(
+          await tx.unsafe(
+            `select epoch::text from ${table} where group_id = $1 and topic = $2 and partition = $3::int`,
+            [groupId, topic, partition],
+            prepared
+          ).values()
+        )).pipe(Effect.flatMap((rows) => {
+          const epoch = rows.length === 0 || rows[0][0] === null ? 0n : BigInt(rows[0][0])
+          return Effect.fail(
+            new Fenced({ groupId, topic, partition, epoch: unit.epoch, currentEpoch: epoch === 0n ? null : epoch })
+          )
+        }))
+    }
+
+    // The connection went while COMMIT was on its way: the transaction may have committed or not. The server knows;
+    // it is asked on another connection until it answers (a transaction `in progress` is still being ended). Only a
+    // unit the server says did not commit is run again.
+    const settle = (xid: string, lost: Transient): Effect.Effect<void, OffsetStoreError | Transient> =>
+      retrying(
+        "commit",
+        Effect.tryPromise({
+          try: async () =>
+            decodeText(await client.sql.unsafe("select txid_status($1::bigint)::text", [xid], prepared).values()),
+          catch: onPool("commit")
+        }).pipe(Effect.flatMap((rows): Effect.Effect<"committed" | "aborted", OffsetStoreError | Transient> => {
+          const status = rows[0]?.[0] ?? null
+          switch (status) {
+            case "committed":
+            case "aborted":
+              return Effect.succeed(status)
+            case "in progress":
+              return Effect.fail(
+                new Transient({
+                  error: new OffsetStoreError({
+                    store: STORE,
+                    operation: "commit",
+                    reason: `transaction ${xid}, whose connection was lost during COMMIT, is still in progress`
+                  })
+                })
+              )
+            default:
+              return Effect.fail(
+                new OffsetStoreError({
+                  store: STORE,
+                  operation: "commit",
+                  reason: `the connection was lost during COMMIT and the server no longer knows whether transaction ` +
+                    `${xid} committed; check the position stored for the partition before going on`,
+                  cause: lost.error
+                })
+              )
+          }
+        }))
+      ).pipe(Effect.flatMap((status) => status === "committed" ? Effect.void : Effect.fail(lost)))
+
+    // Reserving a connection can be interrupted: a connection that arrives after that goes straight back. BEGIN is
+    // sent the moment the connection is reserved, without waiting for its answer, so that postgres.js pipelines it
+    // with the work's first statement; a failed BEGIN shows in that statement too, and is reported as the cause. Its
+    // `onexecute` hands over postgres.js's connection object, whose `onclose` (the hook `sql.begin` uses) tells the
+    // unit its connection is gone.
+    const begin = `begin isolation level ${isolationLevel}`
+    const reserve = Effect.async<Session, OffsetStoreError | Transient>(
+      (resume) => {
+        let wanted = true
+        client.sql.reserve().then(
+          (tx) => {
+            if (!wanted) return tx.release()
+            const handle = new PgTransaction(tx)
+            const beginOptions: postgres.UnsafeQueryOptions & { readonly onexecute: (c: TrackedConnection) => true } = {
+              prepare: false,
+              onexecute: (connection) => {
+                handle.connection = connection
+                connection.onclose = (error) => handle.lose(error)
+                return true
+              }
+            }
+            const begun = Promise.race([tx.unsafe(begin, [], beginOptions).execute(), handle.closed])
+            // Its failure is read once the work has ended; this keeps it from going unhandled meanwhile.
+            begun.catch(() => undefined)
+            resume(Effect.succeed({ tx, handle, begun }))
+          },
+          (cause: unknown) => resume(Effect.fail(onPool("commit")(cause)))
+        )
+        return Effect.sync(() => {
+          wanted = false
+        })
+      }
+    )
+
+    // Gives the connection back to the pool once its transaction is over. A connection that was lost is not:
+    // postgres.js has taken it back already, and releasing it would put a closed connection in the pool.
+    const release = (tx: postgres.ReservedSql, handle: PgTransaction) => {
+      if (handle.lost !== undefined) return
+      if (handle.connection !== undefined) handle.connection.onclose = null
+      tx.release()
+    }
+
+    // Rolls back in the background if it takes longer than the bound: a rollback waits behind the statements still
+    // running on the connection.
+    const rollback = (tx: postgres.ReservedSql, handle: PgTransaction): Effect.Effect<void> =>
+      handle.lost !== undefined ? Effect.void : Effect.tryPromise(() =>
+        Promise.race([tx.unsafe("rollback"), handle.closed]).then(() => release(tx, handle))
       ).pipe(Effect.interruptible, Effect.ignore, Effect.timeoutOption("10 seconds"), Effect.asVoid)
 
-    // Waiting for a connection can be interrupted: a connection that arrives after that goes straight back.
-    const reserve = Effect.async<postgres.ReservedSql, OffsetStoreError>((resume) => {
-      let wanted = true
-      client.sql.reserve().then(
-        (tx) => wanted ? resume(Effect.succeed(tx)) : tx.release(),
-        (cause: unknown) => resume(Effect.fail(toStoreError("commit", target)(cause)))
+    // One attempt at a unit: the work runs on this fiber, so interrupting the commit interrupts the work. The position
+    // is written after the work, so that a zombie stalled in its work holds no lock on it and the partition's new
+    // owner is not held up.
+    const attempt = <A, E, R>(
+      unit: CommitUnit,
+      work: Effect.Effect<A, E, R>
+    ): Effect.Effect<A, E | Fenced | OffsetStoreError | Transient, Exclude<R, Transaction>> =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.flatMap(restore(reserve), ({ begun, handle, tx }) =>
+          restore(Effect.gen(function*() {
+            const exit = yield* Effect.exit(
+              Effect.provideService(work, Transaction, { store: STORE, handle }).pipe(
+                Effect.ensuring(Effect.sync(() => {
+                  handle.open = false
+                }))
+              )
+            )
+            const interrupted = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause)
+            if (handle.lost !== undefined && !interrupted) return yield* lostConnection(handle)
+            yield* onUnit(handle, () => begun)
+            if (Exit.isFailure(exit)) {
+              if (handle.transient !== undefined && !interrupted) {
+                return yield* new Transient({ error: handle.transient })
+              }
+              return yield* exit
+            }
+            const stored = decodeText(yield* onUnit(handle, () => storePosition(tx, unit)))
+            if (stored.length === 0) return yield* fenced(tx, handle, unit)
+            const xid = stored[0][0] ?? ""
+            // Once COMMIT is sent, its answer is awaited: an interruption now could not undo it.
+            yield* Effect.uninterruptible(
+              onUnit(handle, () => tx.unsafe("commit")).pipe(
+                Effect.catchIf(isTransientError, (transient) =>
+                  handle.lost === undefined ? Effect.fail(transient) : settle(xid, transient))
+              )
+            )
+            return exit.value
+          })).pipe(
+            Effect.onExit((exit) =>
+              Exit.isSuccess(exit) ? Effect.sync(() => release(tx, handle)) : rollback(tx, handle)
+            )
+          ))
       )
-      return Effect.sync(() => {
-        wanted = false
-      })
-    })
 
-    // The unit on its reserved connection, the work on this fiber: interrupting the commit interrupts the work. BEGIN
-    // is sent without waiting for its answer, so that postgres.js pipelines it with the work's first statement; a
-    // failed BEGIN shows in that statement too, and is reported as the cause. The position is written after the work,
-    // so that a zombie stalled in its work holds no lock on it and the partition's new owner is not held up.
-    const runUnit = <A, E, R>(tx: postgres.ReservedSql, unit: CommitUnit, work: Effect.Effect<A, E, R>) =>
-      Effect.gen(function*() {
-        const begun = tx.unsafe("begin").execute()
-        // Its failure is read once the work has ended; this keeps it from going unhandled if the work is interrupted.
-        begun.catch(() => undefined)
-        const handle = new PgTransaction(tx)
-        const exit = yield* Effect.exit(
-          Effect.provideService(work, Transaction, { store: STORE, handle }).pipe(
-            Effect.ensuring(Effect.sync(() => {
-              handle.open = false
-            }))
-          )
-        )
-        yield* Effect.tryPromise({ try: () => begun, catch: toStoreError("commit", target) })
-        if (Exit.isFailure(exit)) return yield* exit
-        const stored = yield* Effect.tryPromise({
-          try: () => storePosition(tx, unit),
-          catch: toStoreError("commit", target)
-        })
-        if (stored.count !== 1) return yield* fenced(tx, unit)
-        // Once COMMIT is sent, its answer is awaited: an interruption now could not undo it.
-        yield* Effect.uninterruptible(
-          Effect.tryPromise({ try: () => tx.unsafe("commit"), catch: toStoreError("commit", target) })
-        )
-        return exit.value
-      })
-
+    // A unit whose failure passes is run again whole: its writes were rolled back, and the work is an effect.
     const commit = <A, E, R>(
       unit: CommitUnit,
       work: Effect.Effect<A, E, R>
     ): Effect.Effect<A, E | OffsetStoreError | Fenced, Exclude<R, Transaction>> =>
-      Effect.uninterruptibleMask((restore) =>
-        Effect.flatMap(restore(reserve), (tx) =>
-          restore(runUnit(tx, unit, work)).pipe(
-            Effect.onExit((exit) => Exit.isSuccess(exit) ? Effect.sync(() => tx.release()) : rollback(tx))
-          ))
-      )
+      retrying("commit", attempt(unit, work))
 
-    return { name: STORE, load, commit }
+    return { name: STORE, load, claim, commit }
   })
 
 /**
  * The Postgres offset store. Options are checked before anything connects (a bad `table` or `schema` fails with a
- * `ConfigError` naming it); the layer then checks that the server answers, and creates the table when
+ * `ConfigError` naming it); the layer then checks that the server answers, and creates or upgrades the table when
  * `migrate: true`.
+ *
+ * Each unit runs in a transaction begun with an explicit isolation level, `read committed` unless `isolationLevel`
+ * says otherwise. Read committed is what the owner-epoch fence needs: the unit's conditional UPDATE of its position,
+ * when it finds the row locked by a claim, waits and then checks `epoch` again on the row's newest version, so a
+ * claim that committed first fences the unit, and a claim that comes second waits for the unit and returns its
+ * position. Under `repeatable read` or `serializable` the fence holds too, but such a conflict fails the unit with a
+ * serialization failure, which costs a retry before the unit is fenced.
+ *
+ * Failures that pass are retried on `retry`, for at most `retryFor`: a lost or refused connection, the server
+ * shutting down or starting, a serialization failure, a deadlock. A unit is run again whole (BEGIN, the work, the
+ * position, COMMIT). A unit whose connection is lost during COMMIT is not run again before the server says it did not
+ * commit. `Fenced` and the work's own failures are never retried. After `retryFor`, the operation fails with an
+ * `OffsetStoreError` naming it and the last failure.
  *
  * @since 0.1.0
  * @category layers

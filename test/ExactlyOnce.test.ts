@@ -61,11 +61,14 @@ const pgSink = (groupId: string): ResultSink<never> => ({
 const pgStore = PgOffsetStore.layer({ url, table: offsetsTable, migrate: true })
 
 const exactlyOnce = (outcome: Outcome) => {
-  const text = `${outcome.policy}: results ${outcome.delivered}, lost ${outcome.lost}, duplicated ${outcome.duplicated}, crashes ${outcome.crashes}, rebalances ${outcome.rebalances}`
+  const text = `${outcome.policy}: results ${outcome.delivered}, lost ${outcome.lost}, duplicated ${outcome.duplicated}, ` +
+    `crashes ${outcome.crashes}, zombies ${outcome.zombies}, rebalances ${outcome.rebalances}`
   assert.strictEqual(outcome.lost, 0, text)
   assert.strictEqual(outcome.duplicated, 0, text)
   assert.strictEqual(outcome.delivered, outcome.produced, text)
   assert.isAtLeast(outcome.crashes, 50, text)
+  // Zombies whose late units the store must refuse: without the fence, their results would be there twice.
+  assert.strictEqual(outcome.zombies, workload.zombies, text)
   assert.strictEqual(outcome.rebalances, 3, text)
 }
 
@@ -77,7 +80,8 @@ const workload = {
   crashes: 60,
   crashRate: 0.15,
   rebalances: true,
-  maxPollRecords: 25
+  maxPollRecords: 25,
+  zombies: 6
 } as const
 
 describe("exactly-once end to end on the in-memory broker, with crashes and rebalances", () => {
@@ -112,9 +116,11 @@ describe("exactly-once end to end on the in-memory broker, with crashes and reba
 
 /**
  * The zombie: A stalls mid-batch (frozen: no poll, no heartbeat), the group evicts it and gives its partition to B,
- * which processes past A's batch; then A wakes and tries to commit. The store refuses A's transaction.
+ * which claims it and processes past A's batch; then A wakes and tries to commit. The store refuses A's transaction:
+ * B's claim moved the partition's owner epoch on. With `rejoin` (the default) A gives up its partitions and rejoins
+ * the group; without, it ends with `Fenced`.
  */
-const zombie = <R>(sink: ResultSink<R>) =>
+const zombie = <R>(sink: ResultSink<R>, rejoin: boolean) =>
   Effect.gen(function*() {
     const kafka = yield* InMemoryKafka.InMemoryKafka
     const topic = `zombie-${crypto.randomUUID().slice(0, 6)}`
@@ -125,9 +131,11 @@ const zombie = <R>(sink: ResultSink<R>) =>
     const aInBatch = yield* Deferred.make<void>()
     const wakeA = yield* Deferred.make<void>()
     let aWrites = 0
-    const a = yield* Consumer.run(config, (records) =>
+    let aFenced = false
+    const a = yield* Consumer.run({ ...config, rejoin }, (records) =>
       Effect.gen(function*() {
         yield* sink.write(records)
+        if (aFenced) return
         aWrites += Chunk.size(records)
         yield* Deferred.succeed(aInBatch, undefined)
         yield* Deferred.await(wakeA)
@@ -144,17 +152,26 @@ const zombie = <R>(sink: ResultSink<R>) =>
     // A's handler wakes up and finishes its batch before A has heard from the group that it was evicted: its commit
     // is fenced and rolled back. (Had its poll run first, it would have learnt that its partition was lost and
     // interrupted the batch instead.)
+    aFenced = true
     yield* Deferred.succeed(wakeA, undefined)
-    const exitA = yield* Fiber.await(a)
+    if (rejoin) {
+      // A gave up the partition and joined the group again as a new member: two members, A still running.
+      yield* eventually("A rejoined the group", Effect.map(kafka.members(groupId), (ms) => ms.length === 2))
+      assert.isTrue((yield* Fiber.poll(a))._tag === "None", "A stopped instead of rejoining")
+      yield* Fiber.interrupt(a)
+    } else {
+      const exitA = yield* Fiber.await(a)
+      assert.isTrue(Exit.isFailure(exitA))
+      const error = Exit.isFailure(exitA) && exitA.cause._tag === "Fail" ? exitA.cause.error : undefined
+      assert.instanceOf(error, OffsetStore.Fenced)
+      if (error instanceof OffsetStore.Fenced) {
+        // A claimed the partition first (epoch 1); B's claim made it epoch 2.
+        assert.strictEqual(error.epoch, 1n)
+        assert.strictEqual(error.currentEpoch, 2n)
+      }
+    }
     yield* kafka.thaw(memberA!.memberId)
     yield* Fiber.interrupt(b)
-    assert.isTrue(Exit.isFailure(exitA))
-    const error = Exit.isFailure(exitA) && exitA.cause._tag === "Fail" ? exitA.cause.error : undefined
-    assert.instanceOf(error, OffsetStore.Fenced)
-    if (error instanceof OffsetStore.Fenced) {
-      assert.strictEqual(error.expected, null)
-      assert.strictEqual(error.actual, 20n)
-    }
     assert.strictEqual(aWrites, 5)
     const results = yield* sink.read(groupId)
     assert.strictEqual(results.length, 20)
@@ -163,27 +180,32 @@ const zombie = <R>(sink: ResultSink<R>) =>
   })
 
 describe("a zombie cannot commit after losing its partition", () => {
-  it.live("memory store", () =>
-    zombie(appendSink).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
+  for (const rejoin of [false, true]) {
+    const outcome = rejoin ? "it rejoins the group" : "with rejoin: false it ends with Fenced"
+    it.live(`memory store: ${outcome}`, () =>
+      zombie(appendSink, rejoin).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
 
-  it.live("file store", () =>
-    Effect.gen(function*() {
-      const fs = yield* FileSystem.FileSystem
-      const dir = yield* fs.makeTempDirectoryScoped({ prefix: "zombie-" })
-      yield* zombie(appendSink).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(dir))))
-    }).pipe(Effect.scoped, Effect.provide(NodeContext.layer)))
+    it.live(`file store: ${outcome}`, () =>
+      Effect.gen(function*() {
+        const fs = yield* FileSystem.FileSystem
+        const dir = yield* fs.makeTempDirectoryScoped({ prefix: "zombie-" })
+        yield* zombie(appendSink, rejoin).pipe(
+          Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(dir)))
+        )
+      }).pipe(Effect.scoped, Effect.provide(NodeContext.layer)))
 
-  it.live("Postgres store", () =>
-    Effect.gen(function*() {
-      yield* pgReady
-      yield* zombie(pgSinkAny)
-    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))))
+    it.live(`Postgres store: ${outcome}`, () =>
+      Effect.gen(function*() {
+        yield* pgReady
+        yield* zombie(pgSinkAny, rejoin)
+      }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))))
+  }
 })
 
 describe("a unit fenced while its partition is being revoked", () => {
   // A's first unit on partition 0 is still running when B joins: the partition is being revoked from A when the unit
-  // tries to commit, and meanwhile another member (as a previous owner's late unit would) has moved the stored position
-  // on. The unit is fenced and rolled back; that is no reason for A to stop: nothing is lost, and A goes on.
+  // tries to commit, and meanwhile another owner has claimed the partition and stored a position. The unit is fenced
+  // and rolled back; that is no reason for A to stop: nothing is lost, and A goes on.
   it.effect("is rolled back, and the member goes on with the group", () =>
     Effect.gen(function*() {
       const kafka = yield* InMemoryKafka.InMemoryKafka
@@ -208,7 +230,9 @@ describe("a unit fenced while its partition is being revoked", () => {
         })
       const a = yield* Consumer.run(config, handler).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
       yield* Deferred.await(inFirstUnit)
-      yield* store.commit({ groupId, partition: { topic, partition: 0 }, expected: null, next: 5n }, Effect.void)
+      const claims = yield* store.claim(groupId, [{ topic, partition: 0 }])
+      const epoch = claims.get(`${topic}-0`)!.epoch
+      yield* store.commit({ groupId, partition: { topic, partition: 0 }, epoch, next: 5n }, Effect.void)
 
       const b = yield* Consumer.run(config, handler).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
       // Everything runs until it waits: A has been told of the rebalance and waits for its unit to end.
@@ -262,7 +286,8 @@ describe("transactional starts where the store says", () => {
       )
       assert.strictEqual((yield* kafka.committed("g")).get("truth-0"), 15n)
       yield* kafka.produce("truth", Array.from({ length: 5 }, (_, i) => ({ value: String(i + 15) })))
-      yield* store.commit({ groupId: "g", partition: { topic: "truth", partition: 0 }, expected: null, next: 10n }, Effect.void)
+      const { epoch } = (yield* store.claim("g", [{ topic: "truth", partition: 0 }])).get("truth-0")!
+      yield* store.commit({ groupId: "g", partition: { topic: "truth", partition: 0 }, epoch, next: 10n }, Effect.void)
       const seen: Array<bigint> = []
       const fiber = yield* Consumer.run({ groupId: "g", topics: ["truth"] }, (records) =>
         Effect.sync(() => {

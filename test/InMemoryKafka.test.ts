@@ -12,8 +12,14 @@ import { driverSuite, DriverTestKit } from "./driverSuite.js"
 const testKit: Layer.Layer<DriverTestKit, never, InMemoryKafka.InMemoryKafka> = Layer.effect(
   DriverTestKit,
   Effect.map(InMemoryKafka.InMemoryKafka, (kafka) => ({
-    createTopic: (topic, partitions) => kafka.createTopic(topic, partitions),
+    createTopic: (topic, partitions, options) => kafka.createTopic(topic, partitions, options),
     produce: (topic, partition, values) => kafka.produce(topic, values.map((value) => ({ value, partition }))),
+    produceKeyed: (topic, partition, entries) =>
+      kafka.produce(topic, entries.map(([key, value]) => ({ key, value, partition }))),
+    produceTransaction: (topic, partition, values, outcome) =>
+      kafka.produceTransaction(topic, values.map((value) => ({ value, partition })), outcome),
+    compact: (topic) => kafka.compact(topic),
+    deleteRecords: (topic, partition, before) => kafka.deleteRecords(topic, partition, before),
     endOffsets: (topic) => Effect.map(kafka.endOffsets(topic), (ends) => new Map(ends.map((e, p) => [p, e] as const)))
   }))
 )

@@ -1,23 +1,192 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as HashMap from "effect/HashMap"
 import * as Layer from "effect/Layer"
+import * as Logger from "effect/Logger"
+import * as LogLevel from "effect/LogLevel"
+import * as Redacted from "effect/Redacted"
+import * as Schedule from "effect/Schedule"
+import { createRequire } from "node:module"
+import { inspect } from "node:util"
+import {
+  Kafka,
+  KafkaJSConnectionError,
+  KafkaJSGroupCoordinatorNotFound,
+  KafkaJSNonRetriableError,
+  KafkaJSNumberOfRetriesExceeded,
+  KafkaJSProtocolError,
+  KafkaJSRequestTimeoutError,
+  KafkaJSSASLAuthenticationError,
+  logLevel
+} from "kafkajs"
+import type { Admin } from "kafkajs"
 import { inject } from "vitest"
 import { Driver } from "../src/Driver.js"
 import * as KafkaJs from "../src/KafkaJs.js"
 import { ConfigError, DriverError } from "../src/KafkaError.js"
+import { commitFailed, isRetriable } from "../src/internal/kafkajs.js"
+import { ResponseTap } from "../src/internal/kafkajsWire.js"
 import { driverSuite, DriverTestKit } from "./driverSuite.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 
-/** The suite's admin needs, on a real broker through the module's own helpers. */
+/** A compacted topic's settings: segments roll after 100 ms, and the cleaner takes any dirty segment at once. */
+const compactedTopic = [
+  { name: "cleanup.policy", value: "compact" },
+  { name: "segment.ms", value: "100" },
+  { name: "min.cleanable.dirty.ratio", value: "0.01" },
+  { name: "min.compaction.lag.ms", value: "0" }
+]
+
+const kafkaClient = (brokers: string) =>
+  new Kafka({ brokers: brokers.split(","), clientId: "driver-suite-kit", logLevel: logLevel.NOTHING })
+
+/** kafkajs used directly for what the library has no helper for: test-only. */
+const promise = <A>(what: string, f: () => Promise<A>) =>
+  Effect.tryPromise({ try: f, catch: (cause) => new Error(`${what} failed: ${String(cause)}`, { cause }) })
+
+const withAdmin = <A>(brokers: string, f: (admin: Admin) => Promise<A>) =>
+  Effect.acquireUseRelease(
+    Effect.sync(() => kafkaClient(brokers).admin()).pipe(
+      Effect.tap((admin) => promise("admin connect", () => admin.connect()))
+    ),
+    (admin) => promise("admin", () => f(admin)),
+    (admin) => promise("admin disconnect", () => admin.disconnect()).pipe(Effect.ignore)
+  )
+
+/** One transaction of a transactional producer, committed or aborted. */
+const transaction = (
+  brokers: string,
+  topic: string,
+  partition: number,
+  messages: ReadonlyArray<{ readonly key: string; readonly value: string }>,
+  outcome: "commit" | "abort"
+) =>
+  Effect.acquireUseRelease(
+    Effect.sync(() =>
+      kafkaClient(brokers).producer({
+        transactionalId: `driver-suite-${crypto.randomUUID()}`,
+        idempotent: true,
+        maxInFlightRequests: 1
+      })
+    ).pipe(Effect.tap((producer) => promise("producer connect", () => producer.connect()))),
+    (producer) =>
+      promise("transaction", async () => {
+        const txn = await producer.transaction()
+        try {
+          await txn.send({ topic, messages: messages.map((m) => ({ partition, key: m.key, value: m.value })) })
+        } catch (error) {
+          await txn.abort()
+          throw error
+        }
+        await (outcome === "commit" ? txn.commit() : txn.abort())
+      }),
+    (producer) => promise("producer disconnect", () => producer.disconnect()).pipe(Effect.ignore)
+  )
+
+/**
+ * The keys of a partition's records below `end`, read from the beginning by a bare kafkajs consumer (read
+ * committed), in offset order.
+ */
+const readKeys = (brokers: string, topic: string, partition: number, end: bigint) =>
+  Effect.acquireUseRelease(
+    Effect.sync(() =>
+      kafkaClient(brokers).consumer({ groupId: `driver-suite-reader-${crypto.randomUUID()}`, maxWaitTimeInMs: 100 })
+    ),
+    (consumer) =>
+      promise("read", async () => {
+        const keys: Array<string> = []
+        await consumer.connect()
+        await consumer.subscribe({ topics: [topic], fromBeginning: true })
+        await new Promise<void>((resolve, reject) => {
+          const timer = setTimeout(() => reject(new Error(`${topic}-${partition} not read to ${end}`)), 15_000)
+          void consumer.run({
+            eachBatch: async ({ batch }) => {
+              if (batch.partition !== partition) return
+              for (const m of batch.messages) if (BigInt(m.offset) < end) keys.push(m.key?.toString() ?? "")
+              if (BigInt(batch.lastOffset()) + 1n >= end) {
+                clearTimeout(timer)
+                resolve()
+              }
+            }
+          }).catch(reject)
+        })
+        return keys
+      }),
+    (consumer) => promise("reader disconnect", () => consumer.disconnect()).pipe(Effect.ignore)
+  )
+
+/** The suite's cluster needs, on a real broker: the module's own helpers, and kafkajs where it has none. */
 const testKit = (brokers: string): Layer.Layer<DriverTestKit> =>
   Layer.succeed(DriverTestKit, {
-    createTopic: (topic, partitions) => KafkaJs.createTopic(brokers, topic, partitions),
+    createTopic: (topic, partitions, options) =>
+      Effect.gen(function*() {
+        if (options?.compacted === true) {
+          yield* withAdmin(brokers, (admin) =>
+            admin.createTopics({
+              topics: [{ topic, numPartitions: partitions, configEntries: compactedTopic }],
+              waitForLeaders: false
+            }))
+        }
+        // Creates the topic if it is not there yet, and waits until its partitions have leaders.
+        yield* KafkaJs.createTopic(brokers, topic, partitions)
+      }),
     produce: (topic, partition, values) =>
       KafkaJs.produce(brokers, topic, values.map((value) => ({ partition, value, key: `${partition}` }))),
+    produceKeyed: (topic, partition, entries) =>
+      // One send per record: each is a record batch of its own, as a stream of updates would be.
+      Effect.forEach(entries, ([key, value]) => KafkaJs.produce(brokers, topic, [{ partition, key, value }]), {
+        discard: true
+      }),
+    produceTransaction: (topic, partition, values, outcome) =>
+      transaction(brokers, topic, partition, values.map((value) => ({ key: `${partition}`, value })), outcome),
+    compact: (topic) =>
+      Effect.gen(function*() {
+        const ends = yield* KafkaJs.endOffsets(brokers, topic)
+        // The log cleaner never touches the active segment: once `segment.ms` has passed, one more append rolls it.
+        // That append is an aborted transaction, which no read-committed reader sees.
+        yield* Effect.sleep("300 millis")
+        for (const [partition, end] of ends) {
+          if (end > 0n) yield* transaction(brokers, topic, partition, [{ key: "compact-roll", value: "" }], "abort")
+        }
+        for (const [partition, end] of ends) {
+          if (end === 0n) continue
+          const compacted = readKeys(brokers, topic, partition, end).pipe(
+            Effect.map((keys) => new Set(keys).size === keys.length)
+          )
+          const done = yield* compacted.pipe(
+            Effect.repeat({ schedule: Schedule.spaced("500 millis"), until: (ok) => ok }),
+            Effect.timeoutOption("60 seconds")
+          )
+          if (done._tag === "None") {
+            return yield* Effect.fail(new Error(`${topic}-${partition} was not compacted within 60 seconds`))
+          }
+        }
+      }),
+    deleteRecords: (topic, partition, before) =>
+      withAdmin(brokers, async (admin) => {
+        // kafkajs's admin finds the partition's leader in the metadata it has loaded.
+        await admin.fetchTopicMetadata({ topics: [topic] })
+        await admin.deleteTopicRecords({ topic, partitions: [{ partition, offset: before.toString() }] })
+      }),
     endOffsets: (topic) => KafkaJs.endOffsets(brokers, topic)
   })
+
+const SECRET = "s3cret-Pa55word-that-must-not-leak"
+
+const sasl: KafkaJs.SaslOptions = { mechanism: "plain", username: "alice", password: Redacted.make(SECRET) }
+
+/** Every line logged, with its annotations, as text. */
+const captureLogs = () => {
+  const lines: Array<string> = []
+  const logger = Logger.make(({ annotations, logLevel: level, message }) => {
+    const entries = HashMap.toEntries(annotations)
+    lines.push(`${level.label} ${inspect(message, { depth: 10 })} ${inspect(entries, { depth: 10 })}`)
+  })
+  const layer = Layer.merge(Logger.replace(Logger.defaultLogger, logger), Logger.minimumLogLevel(LogLevel.All))
+  return { lines, layer }
+}
 
 if (brokers) {
   driverSuite(
@@ -32,7 +201,8 @@ if (brokers) {
       }),
       testKit(brokers)
     ),
-    { sessionTimeout: "10 seconds", rebalanceTimeout: "20 seconds", pollTimeout: "200 millis" }
+    // The broker's smallest session timeout: a revoke held past it shows that the member's session is kept.
+    { sessionTimeout: "6 seconds", rebalanceTimeout: "20 seconds", pollTimeout: "200 millis" }
   )
   describe("KafkaJs driver on a real broker", () => {
     it.scopedLive("a session on a topic that does not exist fails to connect with a DriverError", () =>
@@ -50,9 +220,57 @@ if (brokers) {
         }))
         assert.instanceOf(error, DriverError)
         assert.include(error.message, "not host this topic-partition")
+        assert.isFalse(error.retriable, "an unknown topic does not go away by reconnecting")
       }).pipe(
         Effect.provide(KafkaJs.layer({ brokers: brokers.split(","), logLevel: "nothing", retry: { retries: 1 } }))
       ))
+
+    it.scopedLive("a broker that does not answer fails to connect with a retriable DriverError", () =>
+      Effect.gen(function*() {
+        const driver = yield* Driver
+        const error = yield* Effect.flip(driver.connect({
+          groupId: `group-${crypto.randomUUID().slice(0, 8)}`,
+          clientId: "unreachable",
+          subscription: { _tag: "Topics", topics: ["any"] },
+          maxPollRecords: 10,
+          pollTimeout: Duration.millis(100),
+          sessionTimeout: Duration.seconds(10),
+          rebalanceTimeout: Duration.seconds(10)
+        }))
+        assert.instanceOf(error, DriverError)
+        assert.isTrue(error.retriable, `not retriable: ${error.message}`)
+      }).pipe(
+        // Port 9 (discard) refuses connections on loopback.
+        Effect.provide(KafkaJs.layer({ brokers: ["127.0.0.1:9"], logLevel: "nothing", retry: { retries: 0 } }))
+      ))
+
+    it.scopedLive("the SASL password appears in no log line and in no error, even at debug level", () => {
+      const { layer, lines } = captureLogs()
+      return Effect.gen(function*() {
+        const driver = yield* Driver
+        // The broker's listener has no SASL: the handshake fails, after kafkajs logged every step of it.
+        const error = yield* Effect.flip(driver.connect({
+          groupId: `group-${crypto.randomUUID().slice(0, 8)}`,
+          clientId: "sasl",
+          subscription: { _tag: "Topics", topics: ["any"] },
+          maxPollRecords: 10,
+          pollTimeout: Duration.millis(100),
+          sessionTimeout: Duration.seconds(10),
+          rebalanceTimeout: Duration.seconds(10)
+        }))
+        yield* Effect.sleep("100 millis")
+        assert.instanceOf(error, DriverError)
+        assert.notInclude(inspect(error, { depth: 10 }), SECRET)
+        assert.notInclude(JSON.stringify(error), SECRET)
+        assert.isTrue(lines.some((line) => line.includes("SASL") || line.includes("sasl")), lines.join("\n"))
+        for (const line of lines) assert.notInclude(line, SECRET)
+      }).pipe(
+        Effect.provide(
+          KafkaJs.layer({ brokers: brokers.split(","), sasl, logLevel: "debug", retry: { retries: 0 } })
+        ),
+        Effect.provide(layer)
+      )
+    })
   })
 } else {
   describe("KafkaJs driver", () => {
@@ -101,4 +319,161 @@ describe("KafkaJs.layer configuration", () => {
       const clientId = yield* configError({ brokers: ["h:1"], clientId: " " })
       assert.strictEqual(clientId.field, "clientId")
     }))
+
+  it.effect("a configuration error never carries the SASL password, nor do the settings when printed", () =>
+    Effect.gen(function*() {
+      const { layer, lines } = captureLogs()
+      const config: KafkaJs.Config = { brokers: ["h:1"], sasl: { ...sasl, username: "" }, logLevel: "debug" }
+      const error = yield* configError(config).pipe(Effect.provide(layer))
+      assert.instanceOf(error, ConfigError)
+      assert.strictEqual(error.field, "sasl.username")
+      for (const text of [error.message, String(error), inspect(error, { depth: 10 }), JSON.stringify(error)]) {
+        assert.notInclude(text, SECRET)
+      }
+      assert.notInclude(inspect(config, { depth: 10 }), SECRET)
+      assert.notInclude(JSON.stringify(config), SECRET)
+      for (const line of lines) assert.notInclude(line, SECRET)
+      const plain = yield* configError({
+        brokers: ["h:1"],
+        sasl: { mechanism: "plain", username: "alice", password: SECRET as unknown as Redacted.Redacted<string> }
+      })
+      assert.strictEqual(plain.field, "sasl.password")
+      assert.notInclude(plain.message, SECRET)
+    }))
 })
+
+describe("the session's socket layer", () => {
+  /** A small deterministic generator, so that a failure can be replayed. */
+  const random = (seed: number) => () => {
+    seed = (seed * 1103515245 + 12345) % 2147483648
+    return seed / 2147483648
+  }
+
+  const frame = (correlationId: number, body: Buffer) => {
+    const out = Buffer.alloc(8 + body.length)
+    out.writeInt32BE(4 + body.length, 0)
+    out.writeInt32BE(correlationId, 4)
+    body.copy(out, 8)
+    return out
+  }
+
+  it("takes out the answers to its own heartbeats however the broker's bytes are split, and passes the rest on", () => {
+    for (let seed = 1; seed <= 200; seed++) {
+      const next = random(seed)
+      const answers: Array<number> = []
+      const tap = new ResponseTap((code) => answers.push(code))
+      const theirs: Array<Buffer> = []
+      const ours: Array<number> = []
+      const stream: Array<Buffer> = []
+      let own = -1
+      for (let i = 0; i < 30; i++) {
+        if (next() < 0.3) {
+          // An answer to a heartbeat (v3: throttle_time_ms, error_code), registered before it arrives.
+          const code = Math.floor(next() * 100)
+          tap.waiting.set(own, 3)
+          const body = Buffer.alloc(6)
+          body.writeInt16BE(code, 4)
+          stream.push(frame(own--, body))
+          ours.push(code)
+        } else {
+          const body = Buffer.alloc(Math.floor(next() < 0.1 ? next() * 70_000 : next() * 40))
+          for (let b = 0; b < body.length; b++) body[b] = Math.floor(next() * 256)
+          const f = frame(i, body)
+          theirs.push(f)
+          stream.push(f)
+        }
+      }
+      const bytes = Buffer.concat(stream)
+      const forwarded: Array<Buffer> = []
+      for (let at = 0; at < bytes.length;) {
+        const size = Math.max(1, Math.floor(next() < 0.2 ? next() * 5 : next() * 3000))
+        tap.feed(bytes.subarray(at, at + size), (data) => forwarded.push(Buffer.from(data)))
+        at += size
+      }
+      assert.isTrue(Buffer.concat(forwarded).equals(Buffer.concat(theirs)), `seed ${seed}: kafkajs's bytes changed`)
+      assert.deepStrictEqual(answers, ours, `seed ${seed}`)
+      assert.strictEqual(tap.waiting.size, 0)
+    }
+  })
+
+  it("passes chunks through untouched while none of its own requests waits for an answer", () => {
+    const tap = new ResponseTap(() => assert.fail("no answer expected"))
+    const stream = Buffer.concat([frame(0, Buffer.alloc(10)), frame(1, Buffer.alloc(3))])
+    const chunks = [stream.subarray(0, 5), stream.subarray(5, 17), stream.subarray(17)]
+    const forwarded: Array<Buffer> = []
+    for (const chunk of chunks) tap.feed(chunk, (data) => forwarded.push(data))
+    assert.deepStrictEqual(forwarded.length, chunks.length)
+    chunks.forEach((chunk, i) => assert.strictEqual(forwarded[i], chunk))
+  })
+})
+
+describe("kafkajs errors, classified", () => {
+  // kafkajs's own table of protocol errors (src/protocol/error.js), so that the names checked are the ones it uses.
+  const { createErrorFromCode } = createRequire(import.meta.url)("kafkajs/src/protocol/error") as {
+    readonly createErrorFromCode: (code: number) => { readonly type: string; readonly retriable: boolean }
+  }
+  const protocol = (code: number) => new KafkaJSProtocolError(createErrorFromCode(code) as never)
+  const exhausted = (cause: Error) => new KafkaJSNumberOfRetriesExceeded(cause, { retryCount: 5, retryTime: 1000 })
+  // kafkajs's type declarations leave out some constructor arguments its errors take.
+  const bailed = (cause: Error): Error => Reflect.construct(KafkaJSNonRetriableError, [cause, { cause }])
+  const partitions = [{ topic: "t", partition: 0 }]
+  const coordinatorNotFound = () => Reflect.construct(KafkaJSGroupCoordinatorNotFound, ["Failed to find group coordinator"]) as Error
+
+  it("a refused commit gets the reason that decides what happens to its positions", () => {
+    const cases: ReadonlyArray<readonly [Error, string]> = [
+      [protocol(27), "RebalanceInProgress"],
+      [exhausted(protocol(27)), "RebalanceInProgress"],
+      [protocol(16), "CoordinatorNotAvailable"], // NOT_COORDINATOR_FOR_GROUP
+      [protocol(15), "CoordinatorNotAvailable"], // GROUP_COORDINATOR_NOT_AVAILABLE
+      [protocol(14), "CoordinatorNotAvailable"], // GROUP_LOAD_IN_PROGRESS
+      // What a commit meets while the broker restarts: no broker answers where the coordinator is.
+      [coordinatorNotFound(), "CoordinatorNotAvailable"],
+      [protocol(7), "Timeout"], // REQUEST_TIMED_OUT
+      [new KafkaJSRequestTimeoutError("Request OffsetCommit(key: 8, version: 5) timed out"), "Timeout"],
+      [new KafkaJSConnectionError("Connection error: ECONNREFUSED"), "Disconnected"],
+      [exhausted(new KafkaJSConnectionError("Closed connection")), "Disconnected"],
+      [protocol(13), "Disconnected"], // NETWORK_EXCEPTION
+      [protocol(22), "IllegalGeneration"],
+      [bailed(protocol(22)), "IllegalGeneration"],
+      [protocol(25), "UnknownMember"], // UNKNOWN_MEMBER_ID
+      [protocol(82), "UnknownMember"], // FENCED_INSTANCE_ID
+      [protocol(30), "Unauthorized"], // GROUP_AUTHORIZATION_FAILED
+      [protocol(29), "Unauthorized"], // TOPIC_AUTHORIZATION_FAILED
+      [protocol(12), "Other"], // OFFSET_METADATA_TOO_LARGE
+      [protocol(28), "Other"], // INVALID_COMMIT_OFFSET_SIZE
+      [protocol(6), "Transient"], // NOT_LEADER_FOR_PARTITION: retriable, not about commits
+      [protocol(87), "Other"], // INVALID_RECORD: not retriable
+      [new Error("something else"), "Other"]
+    ]
+    for (const [error, reason] of cases) {
+      const failed = commitFailed(error, partitions)
+      assert.strictEqual(failed.reason, reason, `${error.name}: ${error.message}`)
+      assert.deepStrictEqual(failed.partitions, partitions)
+    }
+    assert.isTrue(commitFailed(protocol(27), partitions).retriable)
+    assert.isTrue(commitFailed(protocol(25), partitions).notOwned)
+    assert.isTrue(commitFailed(protocol(30), partitions).fatal)
+  })
+
+  it("an error is retriable when it goes away once the cluster is reachable again", () => {
+    const retriable = [
+      new KafkaJSConnectionError("Connection error: ECONNREFUSED"),
+      exhausted(new KafkaJSConnectionError("Closed connection")),
+      new KafkaJSRequestTimeoutError("Request Fetch(key: 1, version: 11) timed out"),
+      exhausted(protocol(5)), // LEADER_NOT_AVAILABLE
+      protocol(8), // BROKER_NOT_AVAILABLE
+      protocol(15), // GROUP_COORDINATOR_NOT_AVAILABLE
+      coordinatorNotFound()
+    ]
+    const fatal = [
+      exhausted(protocol(3)), // UNKNOWN_TOPIC_OR_PARTITION
+      Reflect.construct(KafkaJSSASLAuthenticationError, ["SASL PLAIN authentication failed"]) as Error,
+      protocol(29), // TOPIC_AUTHORIZATION_FAILED
+      protocol(34), // ILLEGAL_SASL_STATE
+      new Error("Invalid configuration")
+    ]
+    for (const error of retriable) assert.isTrue(isRetriable(error), `${error.name}: ${error.message}`)
+    for (const error of fatal) assert.isFalse(isRetriable(error), `${error.name}: ${error.message}`)
+  })
+})
+

@@ -6,18 +6,26 @@ import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
+import * as Queue from "effect/Queue"
+import * as Ref from "effect/Ref"
+import * as Schedule from "effect/Schedule"
+import * as net from "node:net"
 import postgres from "postgres"
+import { OutsideUnit } from "../src/internal/unitBuffer.js"
 import { ConfigError } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as TopicPartition from "../src/TopicPartition.js"
-import { offsetStoreSuite, SuiteResults } from "./offsetStoreSuite.js"
+import { offsetStoreSuite, refusal, SuiteResults } from "./offsetStoreSuite.js"
 
 const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
 const run = `${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`
 const table = `kafka_offsets_test_${run}`
 const resultsTable = `${table}_results`
 const schema = `kafka_offsets_schema_${run}`
+const legacyTable = `kafka_offsets_legacy_${run}`
+// Every connection of these tests carries it, so that a test can tell its own backends from other engineers'.
+const applicationName = `pg-offset-store-test-${run}`
 
 class TestSql extends Context.Tag("test/PgOffsetStore/TestSql")<TestSql, postgres.Sql>() {}
 
@@ -30,13 +38,65 @@ const query = <A>(f: (sql: postgres.Sql) => Promise<A>) =>
       catch: (cause) => new TestDatabaseError(`test query failed: ${String(cause)}`)
     }))
 
+const client = (options: Partial<postgres.Options<{}>> = {}, target = url) =>
+  Effect.acquireRelease(
+    Effect.sync(() =>
+      postgres(target, { onnotice: () => {}, max: 6, connection: { application_name: applicationName }, ...options })
+    ),
+    // A connection lost in the middle of a query keeps postgres.js's `end` waiting for its timeout.
+    (sql) => Effect.tryPromise(() => sql.end({ timeout: 1 })).pipe(Effect.ignore)
+  )
+
+/**
+ * A TCP proxy in front of Postgres that, once armed, drops a connection just after the server answered its COMMIT:
+ * the transaction committed, and the client never hears it.
+ */
+const commitDroppingProxy = Effect.gen(function*() {
+  const upstreamAddress = new URL(url)
+  const state = { armed: false, dropped: 0 }
+  const server = yield* Effect.acquireRelease(
+    Effect.async<net.Server>((resume) => {
+      const server = net.createServer((downstream) => {
+        const upstream = net.connect(Number(upstreamAddress.port || 5432), upstreamAddress.hostname)
+        let committing = false
+        const close = () => {
+          downstream.destroy()
+          upstream.destroy()
+        }
+        downstream.on("data", (chunk: Buffer) => {
+          // A simple-protocol query message: 'Q', its length, then the statement.
+          if (state.armed && chunk[0] === 0x51 && chunk.toString("utf8", 5, 11) === "commit") committing = true
+          upstream.write(chunk)
+        })
+        upstream.on("data", (chunk: Buffer) => {
+          if (!committing) return downstream.write(chunk)
+          state.armed = false
+          state.dropped++
+          close()
+        })
+        for (const socket of [downstream, upstream]) {
+          socket.on("error", close)
+          socket.on("close", close)
+        }
+      })
+      server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
+    }),
+    (server) =>
+      Effect.async<void>((resume) => {
+        server.close(() => resume(Effect.void))
+      })
+  )
+  const address = server.address()
+  const proxied = new URL(url)
+  proxied.hostname = "127.0.0.1"
+  proxied.port = String(typeof address === "object" && address !== null ? address.port : 0)
+  return { state, url: proxied.toString() }
+})
+
 // The test's own connection, to set up tables and to read what committed from outside any unit of work.
 const testSql = Layer.scoped(
   TestSql,
-  Effect.acquireRelease(
-    Effect.sync(() => postgres(url, { onnotice: () => {}, max: 4 })),
-    (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.ignore)
-  ).pipe(Effect.tap((sql) =>
+  client().pipe(Effect.tap((sql) =>
     Effect.tryPromise({
       try: () => sql.unsafe("select 1"),
       catch: (cause) =>
@@ -48,42 +108,42 @@ const testSql = Layer.scoped(
   ))
 )
 
+const insertResults = (groupId: string, partition: TopicPartition.TopicPartition, values: ReadonlyArray<string>) =>
+  PgOffsetStore.query((tx) =>
+    tx.unsafe(
+      `insert into "${resultsTable}" (group_id, topic, partition, value)
+       select $1, $2, $3::int, v from unnest($4::text[]) with ordinality as t(v, n) order by n`,
+      [groupId, partition.topic, partition.partition, [...values]]
+    )
+  )
+
+const readResults = (groupId: string, partition: TopicPartition.TopicPartition) =>
+  query((sql) =>
+    sql.unsafe(
+      `select value from "${resultsTable}" where group_id = $1 and topic = $2 and partition = $3::int order by id`,
+      [groupId, partition.topic, partition.partition]
+    ).values()
+  ).pipe(Effect.map((rows) => rows.map((row) => String(row[0]))))
+
+const createResultsTable = query((sql) =>
+  sql.unsafe(
+    `create table if not exists "${resultsTable}" (
+      id bigserial primary key, group_id text not null, topic text not null, partition int not null,
+      value text not null
+    )`
+  )
+)
+
 const resultsInTable = Layer.effect(
   SuiteResults,
   Effect.gen(function*() {
-    yield* query((sql) =>
-      sql.unsafe(
-        `create table if not exists "${resultsTable}" (
-          id bigserial primary key, group_id text not null, topic text not null, partition int not null,
-          value text not null
-        )`
-      )
-    )
+    yield* createResultsTable
     const sql = yield* TestSql
     return {
       write: (groupId: string, partition: TopicPartition.TopicPartition, values: ReadonlyArray<string>) =>
-        Effect.flatMap(PgOffsetStore.sql, (tx) =>
-          Effect.tryPromise({
-            try: () =>
-              tx.unsafe(
-                `insert into "${resultsTable}" (group_id, topic, partition, value)
-                 select $1, $2, $3::int, v from unnest($4::text[]) with ordinality as t(v, n) order by n`,
-                [groupId, partition.topic, partition.partition, [...values]]
-              ),
-            catch: (cause) => new TestDatabaseError(`writing results failed: ${String(cause)}`)
-          })),
+        Effect.asVoid(insertResults(groupId, partition, values)),
       read: (groupId: string, partition: TopicPartition.TopicPartition) =>
-        Effect.tryPromise({
-          try: async () => {
-            const rows = await sql.unsafe(
-              `select value from "${resultsTable}" where group_id = $1 and topic = $2 and partition = $3::int
-               order by id`,
-              [groupId, partition.topic, partition.partition]
-            ).values()
-            return rows.map((row) => String(row[0]))
-          },
-          catch: (cause) => new TestDatabaseError(`reading results failed: ${String(cause)}`)
-        })
+        readResults(groupId, partition).pipe(Effect.provideService(TestSql, sql))
     }
   })
 )
@@ -99,8 +159,12 @@ offsetStoreSuite("PgOffsetStore", suiteLayer)
 afterAll(async () => {
   const sql = postgres(url, { onnotice: () => {}, max: 1 })
   try {
-    await sql.unsafe(`drop table if exists "${table}", "${resultsTable}"`)
+    await sql.unsafe(`drop table if exists "${table}", "${resultsTable}", "${legacyTable}"`)
     await sql.unsafe(`drop schema if exists "${schema}" cascade`)
+    await sql.unsafe(`drop function if exists "hold_${run}"() cascade`)
+    await sql.unsafe(`drop function if exists "fail_once_${run}"() cascade`)
+    await sql.unsafe(`drop function if exists "die_at_commit_${run}"() cascade`)
+    await sql.unsafe(`drop sequence if exists "fail_once_${run}"`)
   } finally {
     await sql.end({ timeout: 5 })
   }
@@ -108,13 +172,65 @@ afterAll(async () => {
 
 const orders0 = TopicPartition.make("orders", 0)
 
-/** Builds `layer` and commits one unit through it. */
+const newGroup = () => `g-${crypto.randomUUID()}`
+
+/** Builds `layer`, claims a partition and commits one unit through it. */
 const commitWith = (layer: Layer.Layer<OffsetStore.OffsetStore, unknown>) =>
-  Effect.flatMap(OffsetStore.OffsetStore, (store) =>
-    store.commit(
-      { groupId: `g-${crypto.randomUUID()}`, partition: orders0, expected: null, next: 1n },
-      Effect.void
-    )).pipe(Effect.provide(layer))
+  Effect.flatMap(OffsetStore.OffsetStore, (store) => {
+    const groupId = newGroup()
+    return Effect.flatMap(
+      store.claim(groupId, [orders0]),
+      (claims) =>
+        store.commit({ groupId, partition: orders0, epoch: claims.get("orders-0")?.epoch ?? 0n, next: 1n }, Effect.void)
+    )
+  }).pipe(Effect.provide(layer))
+
+const epochOf = (store: OffsetStore.OffsetStore["Type"], groupId: string) =>
+  Effect.map(store.claim(groupId, [orders0]), (claims) => claims.get("orders-0")?.epoch ?? -1n)
+
+const within = <A, E, R>(what: string, effect: Effect.Effect<A, E, R>) =>
+  Effect.timeoutFail(effect, { duration: "20 seconds", onTimeout: () => new Error(`timed out waiting for ${what}`) })
+
+/** Polls `check` until it holds, for at most 20 seconds. */
+const eventually = <E, R>(what: string, check: Effect.Effect<boolean, E, R>) =>
+  within(what, Effect.repeat(check, { schedule: Schedule.spaced("20 millis"), until: (done) => done }))
+
+/** How many of this run's backends wait for a lock of one of `locktypes`. */
+const waitingFor = (...locktypes: ReadonlyArray<string>) =>
+  query((sql) =>
+    sql.unsafe(
+      `select count(*)::int from pg_locks l join pg_stat_activity a using (pid)
+       where not l.granted and l.locktype = any($1::text[]) and a.application_name = $2`,
+      [[...locktypes], applicationName]
+    ).values()
+  ).pipe(Effect.map((rows) => Number(rows[0][0])))
+
+const backendPid = PgOffsetStore.query((tx) => tx.unsafe("select pg_backend_pid()").values()).pipe(
+  Effect.map((rows) => Number(rows[0][0]))
+)
+
+/** Ends the backend of one of this run's own units, from the test's connection. */
+const terminate = (pid: number) =>
+  query((sql) =>
+    sql.unsafe(
+      "select pg_terminate_backend($1) from pg_stat_activity where pid = $1 and application_name = $2",
+      [pid, applicationName]
+    )
+  )
+
+/**
+ * A store on a client of its own, whose lost connections the test can wait for (postgres.js has noticed the loss
+ * once `closed` has an element), retrying quickly.
+ */
+const storeOnOwnClient = (options: Partial<PgOffsetStore.Options> = {}, target = url) =>
+  Effect.gen(function*() {
+    const closed = yield* Queue.unbounded<number>()
+    const sql = yield* client({ max: 2, onclose: (id) => Queue.unsafeOffer(closed, id) }, target)
+    const store = yield* Layer.build(
+      PgOffsetStore.layer({ sql, table, retry: Schedule.spaced("20 millis"), retryFor: "10 seconds", ...options })
+    ).pipe(Effect.map(Context.get(OffsetStore.OffsetStore)))
+    return { store, closed }
+  })
 
 describe("PgOffsetStore", () => {
   it.effect("refuses a table or schema name that is not an identifier, before connecting", () =>
@@ -137,6 +253,12 @@ describe("PgOffsetStore", () => {
       const noUrl = yield* commitWith(PgOffsetStore.layer({})).pipe(Effect.flip)
       assert.instanceOf(noUrl, ConfigError)
       assert.strictEqual(noUrl instanceof ConfigError ? noUrl.field : undefined, "url")
+
+      const level = "chaos" as PgOffsetStore.IsolationLevel
+      const badLevel = yield* commitWith(PgOffsetStore.layer({ url: unreachable, isolationLevel: level })).pipe(
+        Effect.flip
+      )
+      assert.strictEqual(badLevel instanceof ConfigError ? badLevel.field : undefined, "isolationLevel")
     }))
 
   it.live("says how to start Postgres when nothing answers", () =>
@@ -152,7 +274,7 @@ describe("PgOffsetStore", () => {
 
   it.live("reads the connection URL from DATABASE_URL", () =>
     Effect.gen(function*() {
-      yield* commitWith(PgOffsetStore.layerConfig({ table })).pipe(
+      yield* commitWith(PgOffsetStore.layerConfig({ table, migrate: true })).pipe(
         Effect.withConfigProvider(ConfigProvider.fromMap(new Map([["DATABASE_URL", url]])))
       )
       const missing = yield* commitWith(PgOffsetStore.layerConfig({ table })).pipe(
@@ -169,34 +291,88 @@ describe("PgOffsetStore", () => {
       yield* PgOffsetStore.migrate({ url, schema, table: "offsets" })
       const columns = yield* query((sql) =>
         sql.unsafe(
-          `select column_name, data_type from information_schema.columns
+          `select column_name, data_type, is_nullable from information_schema.columns
            where table_schema = $1 and table_name = 'offsets' order by ordinal_position`,
           [schema]
         ).values()
       )
-      assert.deepStrictEqual(columns.map((row) => [String(row[0]), String(row[1])]), [
-        ["group_id", "text"],
-        ["topic", "text"],
-        ["partition", "integer"],
-        ["next_offset", "bigint"],
-        ["updated_at", "timestamp with time zone"]
+      assert.deepStrictEqual(columns.map((row) => row.map(String)), [
+        ["group_id", "text", "NO"],
+        ["topic", "text", "NO"],
+        ["partition", "integer", "NO"],
+        ["next_offset", "bigint", "YES"],
+        ["epoch", "bigint", "NO"],
+        ["updated_at", "timestamp with time zone", "NO"]
       ])
 
       const store = PgOffsetStore.layer({ url, schema, table: "offsets" })
-      const groupId = `g-${crypto.randomUUID()}`
+      const groupId = newGroup()
       const beyondDoubles = 9_007_199_254_740_993n
       yield* Effect.flatMap(OffsetStore.OffsetStore, (offsets) =>
-        offsets.commit({ groupId, partition: orders0, expected: null, next: beyondDoubles }, Effect.void)).pipe(
-          Effect.provide(store)
-        )
+        Effect.flatMap(
+          epochOf(offsets, groupId),
+          (epoch) => offsets.commit({ groupId, partition: orders0, epoch, next: beyondDoubles }, Effect.void)
+        )).pipe(Effect.provide(store))
       const stored = yield* query((sql) =>
-        sql.unsafe(`select next_offset::text from "${schema}"."offsets" where group_id = $1`, [groupId]).values()
+        sql.unsafe(`select next_offset::text, epoch::text from "${schema}"."offsets" where group_id = $1`, [groupId])
+          .values()
       )
-      assert.deepStrictEqual(stored.map((row) => String(row[0])), ["9007199254740993"])
+      assert.deepStrictEqual(stored.map((row) => row.map(String)), [["9007199254740993", "1"]])
       const loaded = yield* Effect.flatMap(OffsetStore.OffsetStore, (offsets) => offsets.load(groupId, [orders0])).pipe(
         Effect.provide(store)
       )
       assert.strictEqual(loaded.get("orders-0"), beyondDoubles)
+    }).pipe(Effect.provide(testSql)))
+
+  it.live("upgrades a table of the previous version in place, concurrently, and keeps its positions", () =>
+    Effect.gen(function*() {
+      // The DDL of the previous version, and rows it stored.
+      yield* query((sql) =>
+        sql.unsafe(
+          `create table "${legacyTable}" (
+            group_id text not null,
+            topic text not null,
+            partition integer not null,
+            next_offset bigint not null,
+            updated_at timestamptz not null default now(),
+            primary key (group_id, topic, partition)
+          )`
+        )
+      )
+      yield* query((sql) =>
+        sql.unsafe(
+          `insert into "${legacyTable}" (group_id, topic, partition, next_offset)
+           values ('billing', 'orders', 0, 42), ('billing', 'orders', 1, 7)`
+        )
+      )
+      const sql = yield* TestSql
+      yield* Effect.all(
+        Array.from({ length: 3 }, () => PgOffsetStore.migrate({ sql, table: legacyTable })),
+        { concurrency: "unbounded" }
+      )
+      const orders1 = TopicPartition.make("orders", 1)
+      const orders2 = TopicPartition.make("orders", 2)
+      yield* Effect.gen(function*() {
+        const store = yield* OffsetStore.OffsetStore
+        assert.deepStrictEqual([...(yield* store.load("billing", [orders0, orders1]))].sort(), [
+          ["orders-0", 42n],
+          ["orders-1", 7n]
+        ])
+        // The old rows were never claimed: a unit of any epoch is fenced until a member claims.
+        const fenced = yield* refusal(
+          "a unit before any claim",
+          store.commit({ groupId: "billing", partition: orders0, epoch: 1n, next: 43n }, Effect.void)
+        )
+        assert.deepInclude(fenced, { _tag: "Fenced", epoch: 1n, currentEpoch: null })
+        const claims = yield* store.claim("billing", [orders0, orders1, orders2])
+        assert.deepStrictEqual([...claims].sort(([a], [b]) => a.localeCompare(b)), [
+          ["orders-0", { epoch: 1n, position: 42n }],
+          ["orders-1", { epoch: 1n, position: 7n }],
+          ["orders-2", { epoch: 1n, position: null }]
+        ])
+        yield* store.commit({ groupId: "billing", partition: orders0, epoch: 1n, next: 43n }, Effect.void)
+        assert.strictEqual((yield* store.load("billing", [orders0])).get("orders-0"), 43n)
+      }).pipe(Effect.provide(PgOffsetStore.layer({ sql, table: legacyTable, migrate: true })))
     }).pipe(Effect.provide(testSql)))
 
   it.live("says to migrate when the table is missing", () =>
@@ -217,54 +393,131 @@ describe("PgOffsetStore", () => {
       )
       assert.instanceOf(error, OffsetStore.OffsetStoreError)
       assert.include(error.message, "OffsetStore.append")
+
+      const outside = { store: "postgres", handle: new OutsideUnit("postgres") }
+      const refusals = [
+        yield* PgOffsetStore.sql.pipe(Effect.provideService(OffsetStore.Transaction, outside), Effect.flip),
+        yield* PgOffsetStore.query((sql) => sql`select 1`).pipe(
+          Effect.provideService(OffsetStore.Transaction, outside),
+          Effect.flip
+        )
+      ]
+      for (const refused of refusals) {
+        assert.instanceOf(refused, OffsetStore.OffsetStoreError)
+        assert.include(refused.message, "no unit of work is open")
+      }
     }))
+
+  it.live("runs units at the isolation level it is given, read committed by default", () =>
+    Effect.gen(function*() {
+      const sql = yield* TestSql
+      const levelIn = (layer: Layer.Layer<OffsetStore.OffsetStore, unknown>) =>
+        Effect.flatMap(OffsetStore.OffsetStore, (store) => {
+          const groupId = newGroup()
+          return Effect.flatMap(epochOf(store, groupId), (epoch) =>
+            store.commit(
+              { groupId, partition: orders0, epoch, next: 1n },
+              PgOffsetStore.query((tx) => tx.unsafe("show transaction_isolation").values())
+            ))
+        }).pipe(Effect.map((rows) => String(rows[0][0])), Effect.provide(layer))
+      assert.strictEqual(yield* levelIn(PgOffsetStore.layer({ sql, table })), "read committed")
+      assert.strictEqual(
+        yield* levelIn(PgOffsetStore.layer({ sql, table, isolationLevel: "serializable" })),
+        "serializable"
+      )
+      assert.strictEqual(
+        yield* levelIn(PgOffsetStore.layer({ sql, table, isolationLevel: "repeatable read" })),
+        "repeatable read"
+      )
+    }).pipe(Effect.provide(suiteLayer)))
 
   it.live("does not hold up the partition's new owner while a zombie is stalled in its work", () =>
     Effect.gen(function*() {
       const store = yield* OffsetStore.OffsetStore
       const results = yield* SuiteResults
-      const groupId = `g-${crypto.randomUUID()}`
-      const unit = (expected: bigint | null, next: bigint) => ({ groupId, partition: orders0, expected, next })
-      yield* store.commit(unit(null, 1n), results.write(groupId, orders0, ["a"]))
+      const groupId = newGroup()
+      const zombieEpoch = yield* epochOf(store, groupId)
+      const unit = (epoch: bigint, next: bigint) => ({ groupId, partition: orders0, epoch, next })
+      yield* store.commit(unit(zombieEpoch, 1n), results.write(groupId, orders0, ["a"]))
 
       const zombieWrote = yield* Deferred.make<void>()
       const wakeZombie = yield* Deferred.make<void>()
       const zombie = yield* Effect.fork(
         store.commit(
-          unit(1n, 3n),
+          unit(zombieEpoch, 3n),
           results.write(groupId, orders0, ["zombie"]).pipe(
             Effect.zipRight(Deferred.succeed(zombieWrote, undefined)),
             Effect.zipRight(Deferred.await(wakeZombie))
           )
         )
       )
-      yield* Deferred.await(zombieWrote)
-      // The zombie's transaction is open, with its results written: the owner's unit from the same position commits.
-      yield* store.commit(unit(1n, 2n), results.write(groupId, orders0, ["b"])).pipe(
-        Effect.timeoutFail({
-          duration: "10 seconds",
-          onTimeout: () => new Error("the owner's commit waited for the zombie's open transaction")
-        })
-      )
+      yield* within("the zombie's work", Deferred.await(zombieWrote))
+      // The zombie's transaction is open, with its results written: the claim and the owner's unit go through.
+      const ownerEpoch = yield* within("the new owner's claim", epochOf(store, groupId))
+      yield* within("the new owner's unit", store.commit(unit(ownerEpoch, 2n), results.write(groupId, orders0, ["b"])))
       yield* Deferred.succeed(wakeZombie, undefined)
-      const fenced = yield* Fiber.join(zombie).pipe(Effect.flip)
+      const fenced = yield* refusal("the zombie's unit", Fiber.join(zombie))
       assert.instanceOf(fenced, OffsetStore.Fenced)
-      if (fenced instanceof OffsetStore.Fenced) {
-        assert.strictEqual(fenced.expected, 1n)
-        assert.strictEqual(fenced.actual, 2n)
-      }
+      assert.deepInclude(fenced, { epoch: zombieEpoch, currentEpoch: ownerEpoch })
       assert.deepStrictEqual(yield* results.read(groupId, orders0), ["a", "b"])
       assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 2n)
     }).pipe(Effect.provide(suiteLayer)))
 
+  it.live("makes a claim wait for a unit that holds the row, and returns that unit's position once it commits", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const sql = yield* TestSql
+      const groupId = newGroup()
+      const key = 424242
+      // A trigger that keeps this group's units (and claims) from finishing their UPDATE while the test holds an
+      // advisory lock: the unit then holds the row's lock, its position written and not committed.
+      yield* query((sql) =>
+        sql.unsafe(
+          `create or replace function "hold_${run}"() returns trigger language plpgsql as $$
+           begin perform pg_advisory_xact_lock(${key}); return null; end $$`
+        )
+      )
+      yield* query((sql) =>
+        sql.unsafe(
+          `create trigger "hold_${run}" after update on "${table}" for each row
+           when (new.group_id = '${groupId}') execute function "hold_${run}"()`
+        )
+      )
+      const first = yield* epochOf(store, groupId)
+      yield* store.commit(
+        { groupId, partition: orders0, epoch: first, next: 1n },
+        insertResults(groupId, orders0, ["a"])
+      )
+
+      const gate = yield* Effect.acquireRelease(
+        Effect.tryPromise(() => sql.reserve()),
+        (gate) => Effect.sync(() => gate.release())
+      )
+      yield* Effect.tryPromise(() => gate.unsafe(`select pg_advisory_lock(${key})`))
+      const unit = yield* Effect.fork(
+        store.commit({ groupId, partition: orders0, epoch: first, next: 2n }, insertResults(groupId, orders0, ["b"]))
+      )
+      yield* eventually("the unit to hold the row", Effect.map(waitingFor("advisory"), (n) => n === 1))
+      const claim = yield* Effect.fork(store.claim(groupId, [orders0]))
+      yield* eventually(
+        "the claim to wait for the row",
+        Effect.map(waitingFor("transactionid", "tuple"), (n) => n === 1)
+      )
+      yield* Effect.tryPromise(() => gate.unsafe(`select pg_advisory_unlock(${key})`))
+
+      yield* within("the unit", Fiber.join(unit))
+      const claimed = yield* within("the claim", Fiber.join(claim))
+      assert.deepStrictEqual(claimed.get("orders-0"), { epoch: first + 1n, position: 2n })
+      assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a", "b"])
+    }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+
   it.live("reports a failed position statement as the store's error, and nothing of the unit lands", () =>
     Effect.gen(function*() {
-      const results = yield* SuiteResults
-      const groupId = `g-${crypto.randomUUID()}`
+      const groupId = newGroup()
       const error = yield* Effect.flatMap(OffsetStore.OffsetStore, (store) =>
         store.commit(
-          { groupId, partition: orders0, expected: null, next: 1n },
-          results.write(groupId, orders0, ["lost"])
+          { groupId, partition: orders0, epoch: 1n, next: 1n },
+          insertResults(groupId, orders0, ["lost"])
         )).pipe(
           Effect.provide(Layer.unwrapEffect(
             Effect.map(TestSql, (sql) => PgOffsetStore.layer({ sql, table: `missing_${run}` }))
@@ -273,50 +526,300 @@ describe("PgOffsetStore", () => {
         )
       assert.instanceOf(error, OffsetStore.OffsetStoreError)
       assert.include(error.message, "PgOffsetStore.migrate")
-      assert.deepStrictEqual(yield* results.read(groupId, orders0), [])
+      assert.deepStrictEqual(yield* readResults(groupId, orders0), [])
     }).pipe(Effect.provide(suiteLayer)))
+
+  it.live("fails a query with a typed error naming its SQLSTATE, and does not retry what does not pass", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const groupId = newGroup()
+      const epoch = yield* epochOf(store, groupId)
+      const attempts = yield* Ref.make(0)
+      const error = yield* store.commit(
+        { groupId, partition: orders0, epoch, next: 1n },
+        Ref.update(attempts, (n) => n + 1).pipe(
+          Effect.zipRight(insertResults(groupId, orders0, ["a"])),
+          Effect.zipRight(PgOffsetStore.query((tx) => tx`select * from no_such_table`))
+        )
+      ).pipe(Effect.flip)
+      assert.instanceOf(error, OffsetStore.OffsetStoreError)
+      if (error instanceof OffsetStore.OffsetStoreError) {
+        assert.strictEqual(error.operation, "query")
+        assert.include(error.reason, "42P01")
+        assert.include(error.reason, "no_such_table")
+        assert.instanceOf(error.cause, postgres.PostgresError)
+      }
+      assert.strictEqual(yield* Ref.get(attempts), 1)
+      assert.deepStrictEqual(yield* readResults(groupId, orders0), [])
+    }).pipe(Effect.provide(suiteLayer)))
+
+  it.live("runs a unit again when a query fails with a serialization failure or a deadlock", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      for (const code of ["40001", "40P01"]) {
+        const groupId = newGroup()
+        const epoch = yield* epochOf(store, groupId)
+        const attempts = yield* Ref.make(0)
+        yield* store.commit(
+          { groupId, partition: orders0, epoch, next: 1n },
+          Effect.gen(function*() {
+            const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+            yield* insertResults(groupId, orders0, [`${code}-a`])
+            if (attempt === 1) {
+              const conflict = PgOffsetStore.query((tx) =>
+                tx.unsafe(`do $$ begin raise exception 'conflict' using errcode = '${code}'; end $$`)
+              )
+              // The work turns the error into its own (40001), or carries on as if nothing happened (40P01): the
+              // store still knows the failure passes, and runs the unit again.
+              yield* code === "40001"
+                ? conflict.pipe(Effect.mapError(() => new Error("the handler's own wrapping")))
+                : Effect.ignore(conflict)
+            }
+            yield* insertResults(groupId, orders0, [`${code}-b`]).pipe(Effect.orElse(() => Effect.void))
+          })
+        )
+        assert.strictEqual(yield* Ref.get(attempts), 2, code)
+        assert.deepStrictEqual(yield* readResults(groupId, orders0), [`${code}-a`, `${code}-b`])
+        assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 1n)
+      }
+    }).pipe(Effect.provide(suiteLayer)))
+
+  it.live("retries a claim that fails with a serialization failure", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const groupId = newGroup()
+      yield* query((sql) => sql.unsafe(`create sequence "fail_once_${run}"`))
+      yield* query((sql) =>
+        sql.unsafe(
+          `create or replace function "fail_once_${run}"() returns trigger language plpgsql as $$
+           begin
+             if nextval('"fail_once_${run}"') = 1 then raise exception 'conflict' using errcode = '40001'; end if;
+             return new;
+           end $$`
+        )
+      )
+      yield* query((sql) =>
+        sql.unsafe(
+          `create trigger "fail_once_${run}" before insert on "${table}" for each row
+           when (new.group_id = '${groupId}') execute function "fail_once_${run}"()`
+        )
+      )
+      const claims = yield* store.claim(groupId, [orders0])
+      assert.deepStrictEqual(claims.get("orders-0"), { epoch: 1n, position: null })
+      const calls = yield* query((sql) => sql.unsafe(`select last_value::int from "fail_once_${run}"`).values())
+      assert.strictEqual(Number(calls[0][0]), 2, "the claim ran twice")
+    }).pipe(Effect.provide(suiteLayer)))
+
+  describe("when the connection of a unit is lost", () => {
+    const scenarios: ReadonlyArray<{
+      readonly name: string
+      readonly sabotage: (
+        closed: Queue.Dequeue<number>
+      ) => Effect.Effect<void, unknown, OffsetStore.Transaction | TestSql>
+    }> = [
+      {
+        name: "while the work waits, before it writes again",
+        sabotage: (closed) =>
+          Effect.flatMap(backendPid, terminate).pipe(Effect.zipRight(within("the loss", Queue.take(closed))))
+      },
+      {
+        name: "while the work waits, before it writes again with PgOffsetStore.sql",
+        sabotage: (closed) =>
+          Effect.flatMap(backendPid, terminate).pipe(
+            Effect.zipRight(within("the loss", Queue.take(closed))),
+            Effect.zipRight(Effect.flatMap(PgOffsetStore.sql, (tx) => Effect.tryPromise(() => tx`select 1`)))
+          )
+      },
+      {
+        name: "while a query of the work runs",
+        sabotage: () =>
+          Effect.gen(function*() {
+            const pid = yield* backendPid
+            const running = query((sql) =>
+              sql.unsafe(
+                "select count(*)::int from pg_stat_activity where pid = $1 and query like 'select pg_sleep%'",
+                [pid]
+              ).values()
+            ).pipe(Effect.map((rows) => Number(rows[0][0]) === 1))
+            yield* Effect.fork(eventually("the query to run", running).pipe(Effect.zipRight(terminate(pid))))
+            yield* PgOffsetStore.query((tx) => tx.unsafe("select pg_sleep(30)"))
+          })
+      }
+    ]
+
+    for (const scenario of scenarios) {
+      it.live(`${scenario.name}, runs the unit again and commits it once`, () =>
+        Effect.gen(function*() {
+          const { closed, store } = yield* storeOnOwnClient()
+          const groupId = newGroup()
+          const epoch = yield* epochOf(store, groupId)
+          const attempts = yield* Ref.make(0)
+          yield* within(
+            "the unit",
+            store.commit(
+              { groupId, partition: orders0, epoch, next: 2n },
+              Effect.gen(function*() {
+                const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+                yield* insertResults(groupId, orders0, ["a"])
+                if (attempt === 1) yield* scenario.sabotage(closed)
+                yield* insertResults(groupId, orders0, ["b"])
+              })
+            )
+          )
+          assert.strictEqual(yield* Ref.get(attempts), 2)
+          assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a", "b"])
+          assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 2n)
+          // The pool is whole: the next unit commits.
+          yield* store.commit({ groupId, partition: orders0, epoch, next: 3n }, insertResults(groupId, orders0, ["c"]))
+          assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a", "b", "c"])
+        }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+    }
+
+    it.live("after the work ended, does not store the position on it: runs the unit again", () =>
+      Effect.gen(function*() {
+        const { closed, store } = yield* storeOnOwnClient()
+        const groupId = newGroup()
+        const epoch = yield* epochOf(store, groupId)
+        const attempts = yield* Ref.make(0)
+        yield* within(
+          "the unit",
+          store.commit(
+            { groupId, partition: orders0, epoch, next: 1n },
+            Effect.gen(function*() {
+              const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+              yield* insertResults(groupId, orders0, ["a"])
+              if (attempt === 1) {
+                yield* Effect.flatMap(backendPid, terminate)
+                yield* within("the loss", Queue.take(closed))
+              }
+            })
+          )
+        )
+        assert.strictEqual(yield* Ref.get(attempts), 2)
+        assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a"])
+        assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 1n)
+      }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+
+    it.live("during COMMIT, before it committed, asks the server and runs the unit again", () =>
+      Effect.gen(function*() {
+        const { store } = yield* storeOnOwnClient()
+        const groupId = newGroup()
+        // A trigger deferred to COMMIT that ends its own backend when it meets this value.
+        yield* query((sql) =>
+          sql.unsafe(
+            `create or replace function "die_at_commit_${run}"() returns trigger language plpgsql as $$
+             begin perform pg_terminate_backend(pg_backend_pid()); return null; end $$`
+          )
+        )
+        yield* query((sql) =>
+          sql.unsafe(
+            `create constraint trigger "die_at_commit_${run}" after insert on "${resultsTable}"
+             deferrable initially deferred for each row when (new.value = 'die-at-commit')
+             execute function "die_at_commit_${run}"()`
+          )
+        )
+        const epoch = yield* epochOf(store, groupId)
+        const attempts = yield* Ref.make(0)
+        yield* within(
+          "the unit",
+          store.commit(
+            { groupId, partition: orders0, epoch, next: 1n },
+            Effect.gen(function*() {
+              const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+              yield* insertResults(groupId, orders0, [attempt === 1 ? "die-at-commit" : "a"])
+            })
+          )
+        )
+        assert.strictEqual(yield* Ref.get(attempts), 2)
+        assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a"])
+        assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 1n)
+      }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+
+    it.live("during COMMIT, after it committed, asks the server and does not run the unit again", () =>
+      Effect.gen(function*() {
+        const proxy = yield* commitDroppingProxy
+        const { store } = yield* storeOnOwnClient({}, proxy.url)
+        const groupId = newGroup()
+        const epoch = yield* epochOf(store, groupId)
+        const attempts = yield* Ref.make(0)
+        proxy.state.armed = true
+        yield* within(
+          "the unit",
+          store.commit(
+            { groupId, partition: orders0, epoch, next: 1n },
+            Ref.update(attempts, (n) => n + 1).pipe(Effect.zipRight(insertResults(groupId, orders0, ["a"])))
+          )
+        )
+        assert.strictEqual(proxy.state.dropped, 1, "the proxy dropped the answer to COMMIT")
+        assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a"], "the unit's results, once")
+        assert.strictEqual(yield* Ref.get(attempts), 1, "the unit committed, so it ran once")
+        assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 1n)
+      }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+
+    it.live("fails with the store's error once retries run out, naming the operation and the last failure", () =>
+      Effect.gen(function*() {
+        const { closed, store } = yield* storeOnOwnClient({ retry: Schedule.spaced("50 millis"), retryFor: "1 second" })
+        const groupId = newGroup()
+        const epoch = yield* epochOf(store, groupId)
+        const attempts = yield* Ref.make(0)
+        const error = yield* store.commit(
+          { groupId, partition: orders0, epoch, next: 1n },
+          Effect.gen(function*() {
+            yield* Ref.update(attempts, (n) => n + 1)
+            yield* insertResults(groupId, orders0, ["a"])
+            yield* Effect.flatMap(backendPid, terminate)
+            yield* within("the loss", Queue.take(closed))
+            yield* insertResults(groupId, orders0, ["b"])
+          })
+        ).pipe(Effect.flip)
+        assert.instanceOf(error, OffsetStore.OffsetStoreError)
+        if (error instanceof OffsetStore.OffsetStoreError) {
+          assert.strictEqual(error.operation, "commit")
+          assert.include(error.reason, `still failing after ${yield* Ref.get(attempts)} attempts`)
+          assert.include(error.reason, "connection to Postgres")
+          assert.include(error.reason, "was lost")
+        }
+        assert.isAbove(yield* Ref.get(attempts), 2)
+        assert.deepStrictEqual(yield* readResults(groupId, orders0), [])
+        assert.isUndefined((yield* store.load(groupId, [orders0])).get("orders-0"))
+      }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+  })
 
   it.live("gives its connection back to the pool whatever the outcome of a unit", () =>
     Effect.gen(function*() {
       // One connection in the pool: a unit that kept it would leave the next one waiting for ever.
-      const sql = yield* Effect.acquireRelease(
-        Effect.sync(() => postgres(url, { onnotice: () => {}, max: 1 })),
-        (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.ignore)
-      )
+      const sql = yield* client({ max: 1 })
       const store = yield* Layer.build(PgOffsetStore.layer({ sql, table, migrate: true })).pipe(
         Effect.map(Context.get(OffsetStore.OffsetStore))
       )
-      const groupId = `g-${crypto.randomUUID()}`
-      const unit = (expected: bigint | null, next: bigint) => ({ groupId, partition: orders0, expected, next })
-      const touch = Effect.flatMap(PgOffsetStore.sql, (tx) => Effect.tryPromise(() => tx.unsafe("select 1")))
+      const groupId = newGroup()
+      const epoch = yield* epochOf(store, groupId)
+      const unit = (epoch: bigint, next: bigint) => ({ groupId, partition: orders0, epoch, next })
+      const touch = PgOffsetStore.query((tx) => tx.unsafe("select 1"))
 
-      yield* store.commit(unit(null, 1n), touch)
-      const failed = yield* store.commit(unit(1n, 2n), Effect.zipRight(touch, Effect.fail("handler failed"))).pipe(
+      yield* store.commit(unit(epoch, 1n), touch)
+      const failed = yield* store.commit(unit(epoch, 2n), Effect.zipRight(touch, Effect.fail("handler failed"))).pipe(
         Effect.flip
       )
       assert.strictEqual(failed, "handler failed")
-      assert.instanceOf(yield* store.commit(unit(5n, 6n), touch).pipe(Effect.flip), OffsetStore.Fenced)
+      const later = yield* refusal("a unit of a later epoch", store.commit(unit(epoch + 1n, 6n), touch))
+      assert.instanceOf(later, OffsetStore.Fenced)
       const broken = yield* store.commit(
-        unit(1n, 2n),
+        unit(epoch, 2n),
         Effect.flatMap(PgOffsetStore.sql, (tx) => Effect.tryPromise(() => tx.unsafe("select * from no_such_table")))
       ).pipe(Effect.flip)
       assert.isTrue(Cause.isUnknownException(broken), "the work's own error")
       const started = yield* Deferred.make<void>()
       const stalled = yield* Effect.fork(
         store.commit(
-          unit(1n, 2n),
+          unit(epoch, 2n),
           touch.pipe(Effect.zipRight(Deferred.succeed(started, undefined)), Effect.zipRight(Effect.never))
         )
       )
       yield* Deferred.await(started)
       yield* Fiber.interrupt(stalled)
 
-      yield* store.commit(unit(1n, 2n), touch).pipe(
-        Effect.timeoutFail({
-          duration: "10 seconds",
-          onTimeout: () => new Error("the pool's only connection was kept")
-        })
-      )
+      yield* within("the pool's only connection", store.commit(unit(epoch, 2n), touch))
       assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 2n)
     }).pipe(Effect.scoped))
 })

@@ -12,6 +12,7 @@ import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import type * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import { valueString } from "../src/ConsumerRecord.js"
@@ -22,12 +23,41 @@ import * as OffsetBatch from "../src/OffsetBatch.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 
 /**
- * What the suite needs from a cluster besides the driver: topics, records, end offsets.
+ * What the suite needs from a cluster besides the driver: topics, records (plain, keyed, in transactions),
+ * compaction, deleted records, end offsets.
  */
 export class DriverTestKit extends Context.Tag("test/DriverTestKit")<DriverTestKit, {
-  readonly createTopic: (topic: string, partitions: number) => Effect.Effect<void, unknown>
+  /**
+   * Creates a topic. A `compacted` topic keeps only the latest record of each key once `compact` has run (on Kafka:
+   * `cleanup.policy=compact`, with settings that let the log cleaner run soon).
+   */
+  readonly createTopic: (
+    topic: string,
+    partitions: number,
+    options?: { readonly compacted?: boolean }
+  ) => Effect.Effect<void, unknown>
   /** Appends records with these values to one partition, in order. */
   readonly produce: (topic: string, partition: number, values: ReadonlyArray<string>) => Effect.Effect<void, unknown>
+  /** Appends records with these keys and values to one partition, in order. */
+  readonly produceKeyed: (
+    topic: string,
+    partition: number,
+    entries: ReadonlyArray<readonly [key: string, value: string]>
+  ) => Effect.Effect<void, unknown>
+  /**
+   * Appends these values to one partition in one transaction of a transactional producer, which commits or aborts
+   * it. The transaction leaves a marker at the offset after its records; the records of an aborted one are never read.
+   */
+  readonly produceTransaction: (
+    topic: string,
+    partition: number,
+    values: ReadonlyArray<string>,
+    outcome: "commit" | "abort"
+  ) => Effect.Effect<void, unknown>
+  /** Returns once every partition of a compacted topic holds only the latest record of each key. */
+  readonly compact: (topic: string) => Effect.Effect<void, unknown>
+  /** Deletes the partition's records below `before`: its earliest offset becomes `before`. */
+  readonly deleteRecords: (topic: string, partition: number, before: bigint) => Effect.Effect<void, unknown>
   /** Per partition, the offset the next record will get. */
   readonly endOffsets: (topic: string) => Effect.Effect<ReadonlyMap<number, bigint>, unknown>
 }>() {}
@@ -45,12 +75,23 @@ export interface DriverSuiteOptions {
   readonly testTimeout?: number
 }
 
+/** One `Records` event as the member saw it. */
+interface Chunk {
+  readonly from: bigint
+  readonly next: bigint
+  readonly offsets: ReadonlyArray<bigint>
+}
+
 /** One member as a test sees it: what it owns, what it fetched, which revokes wait for `release`. */
 interface Member {
   readonly name: string
   readonly session: DriverSession
   readonly owned: Set<string>
   readonly records: Map<string, Array<ConsumerRecord>>
+  readonly chunks: Map<string, Array<Chunk>>
+  /** Per partition, where the member expects the next `Records` to start: where it sought, or the last `next`. */
+  readonly positions: Map<string, bigint>
+  readonly outOfRange: Array<{ readonly key: string; readonly position: bigint }>
   readonly log: Array<string>
   readonly pendingRevokes: Array<Extract<DriverEvent, { _tag: "Revoked" }>>
   revocations: number
@@ -73,6 +114,11 @@ const recordsOf = (m: Member, topic: string, partition: number): Array<ConsumerR
 const offsetsOf = (m: Member, topic: string, partition: number): Array<bigint> =>
   recordsOf(m, topic, partition).map((r) => r.offset)
 
+const valuesOf = (m: Member, topic: string, partition: number): Array<string | null> =>
+  recordsOf(m, topic, partition).map(valueString)
+
+const chunksOf = (m: Member, topic: string, partition: number): Array<Chunk> => m.chunks.get(k(topic, partition)) ?? []
+
 const total = (m: Member) => Array.from(m.records.values()).reduce((n, rs) => n + rs.length, 0)
 
 const range = (from: number, to: number): Array<bigint> =>
@@ -80,6 +126,8 @@ const range = (from: number, to: number): Array<bigint> =>
 
 const sortedKeys = (keys: Iterable<string>) =>
   Array.from(keys).map(TopicPartition.fromKey).sort(TopicPartition.compare).map(TopicPartition.key)
+
+const keyString = (r: ConsumerRecord) => r.key === null ? null : new TextDecoder().decode(r.key)
 
 /**
  * Registers the suite under `name`. `env` is provided to each test afresh (a new driver and kit per test); every test
@@ -92,6 +140,9 @@ export const driverSuite = (
 ): void => {
   const deadline = Duration.decode(options.deadline ?? "30 seconds")
   const testTimeout = options.testTimeout ?? 90_000
+  const sessionTimeout = Duration.decode(options.sessionTimeout ?? "10 seconds")
+  /** Long enough that a member holding a revoke would have been evicted had nothing kept its session. */
+  const holdLonger = Duration.sum(sessionTimeout, Duration.seconds(2))
 
   const sessionOptions = (groupId: string, subscription: Subscription, member: string, maxPollRecords: number) => ({
     groupId,
@@ -99,13 +150,13 @@ export const driverSuite = (
     subscription,
     maxPollRecords,
     pollTimeout: Duration.decode(options.pollTimeout ?? "200 millis"),
-    sessionTimeout: Duration.decode(options.sessionTimeout ?? "10 seconds"),
+    sessionTimeout,
     rebalanceTimeout: Duration.decode(options.rebalanceTimeout ?? "20 seconds")
   })
 
   /**
    * Connects a member. Like the runloop, it positions every assigned partition at its committed position, or at the
-   * beginning when nothing was committed, before it looks at records.
+   * earliest offset when nothing was committed, before it looks at records.
    */
   const join = (
     memberName: string,
@@ -123,6 +174,9 @@ export const driverSuite = (
         session,
         owned: new Set(),
         records: new Map(),
+        chunks: new Map(),
+        positions: new Map(),
+        outOfRange: [],
         log: [],
         pendingRevokes: [],
         revocations: 0,
@@ -132,6 +186,13 @@ export const driverSuite = (
       return member
     })
 
+  /** Seeks like the runloop: the partition's next `Records` must start exactly there. */
+  const seekTo = (m: Member, partition: TopicPartition.TopicPartition, position: bigint) =>
+    Effect.gen(function*() {
+      m.positions.set(TopicPartition.key(partition), position)
+      yield* m.session.seek(partition, position)
+    })
+
   const apply = (m: Member, event: DriverEvent) =>
     Effect.gen(function*() {
       switch (event._tag) {
@@ -139,37 +200,66 @@ export const driverSuite = (
           m.log.push(`Assigned ${event.partitions.map(TopicPartition.key).join(",")}`)
           for (const p of event.partitions) m.owned.add(TopicPartition.key(p))
           const committed = yield* m.session.committed(event.partitions)
-          const beginning = yield* m.session.beginning(event.partitions)
+          const offsets = yield* m.session.offsets(event.partitions)
           for (const p of event.partitions) {
             const key = TopicPartition.key(p)
-            const start = committed.get(key) ?? beginning.get(key)
+            const start = committed.get(key) ?? offsets.get(key)?.earliest
             assert.isDefined(start, `no start position for ${key}`)
-            yield* m.session.seek(p, start!)
+            yield* seekTo(m, p, start!)
           }
           return
         }
         case "Revoked": {
           m.log.push(`Revoked ${event.partitions.map(TopicPartition.key).join(",")}`)
           m.revocations++
-          for (const p of event.partitions) m.owned.delete(TopicPartition.key(p))
+          for (const p of event.partitions) {
+            m.owned.delete(TopicPartition.key(p))
+            m.positions.delete(TopicPartition.key(p))
+          }
           if (m.autoRelease) yield* event.release
           else m.pendingRevokes.push(event)
           return
         }
         case "Lost": {
           m.log.push(`Lost ${event.partitions.map(TopicPartition.key).join(",")}`)
-          for (const p of event.partitions) m.owned.delete(TopicPartition.key(p))
+          for (const p of event.partitions) {
+            m.owned.delete(TopicPartition.key(p))
+            m.positions.delete(TopicPartition.key(p))
+          }
+          return
+        }
+        case "OutOfRange": {
+          const key = TopicPartition.key(event.partition)
+          m.log.push(`OutOfRange ${key}@${event.position}`)
+          assert.isTrue(m.owned.has(key), `${m.name} got OutOfRange for ${key}, which it does not own`)
+          m.outOfRange.push({ key, position: event.position })
           return
         }
         case "Records": {
           const key = TopicPartition.key(event.partition)
           assert.isTrue(m.owned.has(key), `${m.name} got records of ${key}, which it does not own`)
+          // The chain: every Records starts where the member sought or where the one before ended.
+          assert.strictEqual(event.from, m.positions.get(key), `${m.name}: Records of ${key} start elsewhere`)
+          assert.isAbove(event.records.length, 0, `${m.name}: empty Records of ${key}`)
+          let previous = event.from - 1n
+          for (const record of event.records) {
+            assert.isAbove(Number(record.offset - previous), 0, `${m.name}: ${key} offsets not increasing`)
+            previous = record.offset
+          }
+          assert.isBelow(Number(previous - event.next), 0, `${m.name}: ${key} record at or past next ${event.next}`)
+          m.positions.set(key, event.next)
           let list = m.records.get(key)
           if (list === undefined) {
             list = []
             m.records.set(key, list)
           }
           for (const record of event.records) list.push(record)
+          let chunks = m.chunks.get(key)
+          if (chunks === undefined) {
+            chunks = []
+            m.chunks.set(key, chunks)
+          }
+          chunks.push({ from: event.from, next: event.next, offsets: Array.from(event.records, (r) => r.offset) })
           return
         }
       }
@@ -179,6 +269,24 @@ export const driverSuite = (
     `${m.name}: owns [${sortedKeys(m.owned).join(", ")}], records {${
       Array.from(m.records, ([key, rs]) => `${key}: ${rs.length}`).join(", ")
     }}, events [${m.log.join("; ")}]`
+
+  /** Polls each member once and applies what it returned. */
+  const pollOnce = (members: ReadonlyArray<Member>) =>
+    Effect.gen(function*() {
+      for (const m of members) {
+        const events = yield* m.session.poll
+        const perPartition = new Map<string, number>()
+        for (const event of events) {
+          if (event._tag === "Records") {
+            const key = TopicPartition.key(event.partition)
+            const n = (perPartition.get(key) ?? 0) + event.records.length
+            perPartition.set(key, n)
+            m.maxPerPoll = Math.max(m.maxPerPoll, n)
+          }
+          yield* apply(m, event)
+        }
+      }
+    })
 
   /** Polls the members in turn until `condition` holds; fails after the deadline with what each member saw. */
   const pollUntil = (members: ReadonlyArray<Member>, what: string, condition: () => boolean) =>
@@ -190,19 +298,7 @@ export const driverSuite = (
             new Error(`timed out waiting for: ${what}\n${members.map(describeMember).join("\n")}`)
           )
         }
-        for (const m of members) {
-          const events = yield* m.session.poll
-          const perPartition = new Map<string, number>()
-          for (const event of events) {
-            if (event._tag === "Records") {
-              const key = TopicPartition.key(event.partition)
-              const n = (perPartition.get(key) ?? 0) + event.records.length
-              perPartition.set(key, n)
-              m.maxPerPoll = Math.max(m.maxPerPoll, n)
-            }
-            yield* apply(m, event)
-          }
-        }
+        yield* pollOnce(members)
       }
     })
 
@@ -220,6 +316,37 @@ export const driverSuite = (
       return { scope, fiber }
     })
 
+  /**
+   * Keeps polling `holder` (which holds a revoke) for `holdLonger`, and the joining member too once its connect has
+   * returned, and checks that the joining member is given no partition meanwhile. Returns the joining member when
+   * its connect returned during the hold.
+   */
+  const holdRevoke = (holder: Member, joining: Fiber.RuntimeFiber<Member, unknown>) =>
+    Effect.gen(function*() {
+      const until = Date.now() + Duration.toMillis(holdLonger)
+      let other: Member | undefined
+      while (Date.now() < until) {
+        if (other === undefined) {
+          const done = yield* Fiber.poll(joining)
+          if (Option.isSome(done)) other = yield* done.value
+        }
+        yield* pollOnce(other === undefined ? [holder] : [holder, other])
+        if (other !== undefined) {
+          assert.deepStrictEqual(
+            other.log.filter((line) => line.startsWith("Assigned")),
+            [],
+            `${other.name} was given partitions while ${holder.name} had not released its revoked ones`
+          )
+        }
+      }
+      assert.deepStrictEqual(
+        holder.log.filter((line) => line.startsWith("Lost")),
+        [],
+        `${holder.name} lost its partitions while it held the revoke: its session was not kept`
+      )
+      return other
+    })
+
   const topics = (...names: Array<string>): Subscription => ({ _tag: "Topics", topics: names })
 
   describe(name, () => {
@@ -234,7 +361,8 @@ export const driverSuite = (
         assert.deepStrictEqual(sortedKeys(m.owned), [k(topic, 0), k(topic, 1), k(topic, 2)])
         for (let p = 0; p < 3; p++) {
           assert.deepStrictEqual(offsetsOf(m, topic, p), range(0, 5))
-          assert.deepStrictEqual(recordsOf(m, topic, p).map(valueString), values(p, 0, 5))
+          assert.deepStrictEqual(valuesOf(m, topic, p), values(p, 0, 5))
+          assert.strictEqual(chunksOf(m, topic, p)[0]!.from, 0n)
           for (const r of recordsOf(m, topic, p)) {
             assert.strictEqual(r.topic, topic)
             assert.strictEqual(r.partition, p)
@@ -244,7 +372,7 @@ export const driverSuite = (
         assert.deepStrictEqual([0, 1, 2].map((p) => ends.get(p)), [5n, 5n, 5n])
       }).pipe(Effect.provide(env)), testTimeout)
 
-    it.scopedLive("beginning is 0 and nothing is committed for a new topic", () =>
+    it.scopedLive("offsets of a new topic are 0 and 0, and the latest moves with what is produced", () =>
       Effect.gen(function*() {
         const kit = yield* DriverTestKit
         const topic = unique("fresh")
@@ -252,11 +380,16 @@ export const driverSuite = (
         const m = yield* join("a", unique("group"), topics(topic))
         yield* pollUntil([m], "2 partitions", () => m.owned.size === 2)
         const partitions = [tp(topic, 0), tp(topic, 1)]
-        const beginning = yield* m.session.beginning(partitions)
-        assert.deepStrictEqual(beginning.get(k(topic, 0)), 0n)
-        assert.deepStrictEqual(beginning.get(k(topic, 1)), 0n)
+        const fresh = yield* m.session.offsets(partitions)
+        assert.deepStrictEqual(fresh.get(k(topic, 0)), { earliest: 0n, latest: 0n })
+        assert.deepStrictEqual(fresh.get(k(topic, 1)), { earliest: 0n, latest: 0n })
         const committed = yield* m.session.committed(partitions)
         assert.strictEqual(committed.size, 0)
+
+        yield* kit.produce(topic, 0, values(0, 0, 3))
+        const after = yield* m.session.offsets(partitions)
+        assert.deepStrictEqual(after.get(k(topic, 0)), { earliest: 0n, latest: 3n })
+        assert.deepStrictEqual(after.get(k(topic, 1)), { earliest: 0n, latest: 0n })
       }).pipe(Effect.provide(env)), testTimeout)
 
     it.scopedLive("positions committed by one session are the next session's committed positions", () =>
@@ -312,12 +445,12 @@ export const driverSuite = (
         yield* pollUntil([m], "10 records", () => offsetsOf(m, topic, 0).length >= 10)
         assert.deepStrictEqual(offsetsOf(m, topic, 0), range(0, 10))
 
-        yield* m.session.seek(tp(topic, 0), 3n)
+        yield* seekTo(m, tp(topic, 0), 3n)
         m.records.clear()
         yield* pollUntil([m], "records from 3 after seeking back", () => offsetsOf(m, topic, 0).length >= 7)
         assert.deepStrictEqual(offsetsOf(m, topic, 0), range(3, 10))
 
-        yield* m.session.seek(tp(topic, 0), 8n)
+        yield* seekTo(m, tp(topic, 0), 8n)
         m.records.clear()
         yield* kit.produce(topic, 0, values(0, 10, 2))
         yield* pollUntil([m], "records from 8 after seeking forward", () => offsetsOf(m, topic, 0).includes(11n))
@@ -365,6 +498,141 @@ export const driverSuite = (
         yield* m.session.resume([tp(topic, 0)])
         yield* pollUntil([m], "the rest of partition 0 after resume", () => offsetsOf(m, topic, 0).length >= 20)
         assert.deepStrictEqual(offsetsOf(m, topic, 0), range(0, 20))
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("transaction markers and aborted records leave gaps; the chain of Records spans them exactly", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("txn")
+        const group = unique("group")
+        const p0 = tp(topic, 0)
+        yield* kit.createTopic(topic, 1)
+        // Offsets: c0 c1 c2 @0-2, commit marker @3; x0 x1 @4-5, abort marker @6; plain @7; c3 @8, commit marker @9.
+        yield* kit.produceTransaction(topic, 0, ["c0", "c1", "c2"], "commit")
+        yield* kit.produceTransaction(topic, 0, ["x0", "x1"], "abort")
+        yield* kit.produce(topic, 0, ["plain-0"])
+        yield* kit.produceTransaction(topic, 0, ["c3"], "commit")
+        const end = (yield* kit.endOffsets(topic)).get(0)!
+        assert.strictEqual(end, 10n)
+
+        yield* Effect.scoped(Effect.gen(function*() {
+          const m = yield* join("a", group, topics(topic), { maxPollRecords: 3 })
+          yield* pollUntil([m], "the 5 records to read", () => offsetsOf(m, topic, 0).length >= 5)
+          assert.deepStrictEqual(valuesOf(m, topic, 0), ["c0", "c1", "c2", "plain-0", "c3"])
+          // The Records carrying the last record end after the marker that follows it.
+          assert.strictEqual(m.positions.get(k(topic, 0)), end, "the Records chain stops before the last marker")
+          assert.deepStrictEqual(offsetsOf(m, topic, 0), [0n, 1n, 2n, 7n, 8n])
+          const chunks = chunksOf(m, topic, 0)
+          assert.strictEqual(chunks[0]!.from, 0n)
+          assert.isTrue(
+            chunks.some((chunk) => chunk.offsets[0]! > chunk.from),
+            `no Records started at a gap: ${chunks.map((c) => `[${c.from}, ${c.next}): ${c.offsets.join(" ")}`)}`
+          )
+
+          // Read live: an aborted transaction, a committed one, a plain record.
+          yield* kit.produceTransaction(topic, 0, ["x2"], "abort")
+          yield* kit.produceTransaction(topic, 0, ["c4"], "commit")
+          yield* kit.produce(topic, 0, ["plain-1"])
+          const liveEnd = (yield* kit.endOffsets(topic)).get(0)!
+          assert.strictEqual(liveEnd, 15n)
+          yield* pollUntil([m], "the records written live", () => valuesOf(m, topic, 0).includes("plain-1"))
+          assert.strictEqual(m.positions.get(k(topic, 0)), liveEnd)
+          assert.deepStrictEqual(valuesOf(m, topic, 0).slice(5), ["c4", "plain-1"])
+          assert.deepStrictEqual(offsetsOf(m, topic, 0).slice(5), [12n, 14n])
+
+          // The last `next` committed: a new session starts past every marker.
+          yield* m.session.commit(OffsetBatch.of(p0, liveEnd))
+        }))
+
+        yield* kit.produce(topic, 0, ["after"])
+        const next = yield* join("b", group, topics(topic))
+        yield* pollUntil([next], "the record after the commit", () => offsetsOf(next, topic, 0).length >= 1)
+        assert.strictEqual(chunksOf(next, topic, 0)[0]!.from, 15n)
+        assert.deepStrictEqual(valuesOf(next, topic, 0), ["after"])
+        assert.deepStrictEqual(offsetsOf(next, topic, 0), [15n])
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("a compacted topic returns the latest record of each key, with gaps between their offsets", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("compact")
+        yield* kit.createTopic(topic, 1, { compacted: true })
+        yield* kit.produceKeyed(topic, 0, [
+          ["k1", "a1"], // 0
+          ["k2", "a1"], // 1
+          ["k1", "a2"], // 2
+          ["k3", "a1"], // 3
+          ["k2", "a2"], // 4
+          ["k1", "a3"] // 5
+        ])
+        yield* kit.compact(topic)
+        const m = yield* join("a", unique("group"), topics(topic), { maxPollRecords: 2 })
+        yield* pollUntil([m], "the latest record of each key", () => offsetsOf(m, topic, 0).length >= 3)
+        const records = recordsOf(m, topic, 0)
+        assert.deepStrictEqual(records.map((r) => `${keyString(r)}=${valueString(r)}@${r.offset}`), [
+          "k3=a1@3",
+          "k2=a2@4",
+          "k1=a3@5"
+        ])
+        const chunks = chunksOf(m, topic, 0)
+        assert.strictEqual(chunks[0]!.from, 0n)
+        assert.deepStrictEqual(chunks[0]!.offsets[0], 3n)
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("records deleted past the committed position: OutOfRange at it, and reading on from earliest", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("deleted")
+        const group = unique("group")
+        const p0 = tp(topic, 0)
+        yield* kit.createTopic(topic, 1)
+        yield* kit.produce(topic, 0, values(0, 0, 10))
+        yield* Effect.scoped(Effect.gen(function*() {
+          const first = yield* join("first", group, topics(topic))
+          yield* pollUntil([first], "10 records", () => offsetsOf(first, topic, 0).length >= 10)
+          yield* first.session.commit(OffsetBatch.of(p0, 3n))
+        }))
+        yield* kit.deleteRecords(topic, 0, 6n)
+
+        const m = yield* join("second", group, topics(topic))
+        yield* pollUntil([m], "OutOfRange or records of partition 0", () =>
+          m.outOfRange.length > 0 || offsetsOf(m, topic, 0).length > 0)
+        assert.deepStrictEqual(offsetsOf(m, topic, 0), [], "records read past a position that is out of range")
+        assert.deepStrictEqual(m.outOfRange, [{ key: k(topic, 0), position: 3n }])
+        const offsets = yield* m.session.offsets([p0])
+        assert.deepStrictEqual(offsets.get(k(topic, 0)), { earliest: 6n, latest: 10n })
+        // Nothing moved the group's committed position but this group's own commits.
+        const committed = yield* m.session.committed([p0])
+        assert.strictEqual(committed.get(k(topic, 0)), 3n)
+
+        yield* seekTo(m, p0, 6n)
+        yield* pollUntil([m], "records 6 to 9", () => offsetsOf(m, topic, 0).length >= 4)
+        assert.deepStrictEqual(offsetsOf(m, topic, 0), range(6, 10))
+        assert.strictEqual(chunksOf(m, topic, 0)[0]!.from, 6n)
+        assert.strictEqual(m.outOfRange.length, 1)
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("a commit naming a partition the member does not own is refused as a whole, naming just it", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("owned")
+        const other = unique("other")
+        yield* kit.createTopic(topic, 1)
+        yield* kit.createTopic(other, 1)
+        const m = yield* join("a", unique("group"), topics(topic))
+        yield* pollUntil([m], "its partition", () => m.owned.size === 1)
+        const refused = yield* Effect.either(
+          m.session.commit(OffsetBatch.fromIterable([[tp(topic, 0), 1n], [tp(other, 0), 1n]]))
+        )
+        assert.isTrue(Either.isLeft(refused), "a commit for a partition the member does not own was accepted")
+        if (Either.isLeft(refused)) {
+          assert.instanceOf(refused.left, CommitFailed)
+          assert.strictEqual(refused.left.reason, "NotOwned")
+          assert.deepStrictEqual(refused.left.partitions, [{ topic: other, partition: 0 }])
+          assert.isTrue(refused.left.notOwned)
+        }
+        const committed = yield* m.session.committed([tp(topic, 0), tp(other, 0)])
+        assert.strictEqual(committed.size, 0, "part of a refused commit landed")
       }).pipe(Effect.provide(env)), testTimeout)
 
     it.scopedLive("two members split the partitions; when one leaves, the other takes them over", () =>
@@ -448,9 +716,109 @@ export const driverSuite = (
         if (Either.isLeft(refused)) {
           assert.instanceOf(refused.left, CommitFailed)
           assert.isFalse(refused.left.retriable)
+          assert.strictEqual(refused.left.reason, "NotOwned")
+          assert.deepStrictEqual(refused.left.partitions, [bPartition])
         }
         const after = yield* memberB.session.committed([bPartition])
         assert.deepStrictEqual(after.get(bKey!), 5n)
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("an idle member holding a revoke holds the new assignment, past its session timeout", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("hold-idle")
+        const group = unique("group")
+        yield* kit.createTopic(topic, 2)
+        yield* kit.produce(topic, 0, values(0, 0, 3))
+        yield* kit.produce(topic, 1, values(1, 0, 3))
+        const a = yield* join("a", group, topics(topic), { autoRelease: false })
+        // a has read everything: it is idle, nothing is being fetched or handed over.
+        yield* pollUntil([a], "a read all 6 records", () => total(a) >= 6)
+
+        const b = yield* joinInOwnScope("b", group, topics(topic))
+        yield* pollUntil([a], "a's partitions revoked", () => a.pendingRevokes.length > 0)
+        const revoked = a.pendingRevokes.shift()!
+        const early = yield* holdRevoke(a, b.fiber)
+        // Still a member of the group after its session timeout: the commit with its generation is accepted.
+        yield* a.session.commit(OffsetBatch.fromIterable([[tp(topic, 0), 2n], [tp(topic, 1), 3n]]))
+        yield* revoked.release
+
+        const memberB = early ?? (yield* Fiber.join(b.fiber))
+        yield* pollUntil([a, memberB], "a and b own one partition each", () =>
+          a.owned.size === 1 && memberB.owned.size === 1)
+        const [bKey] = Array.from(memberB.owned)
+        const bPartition = TopicPartition.fromKey(bKey!)
+        const start = bPartition.partition === 0 ? 2n : 3n
+        assert.strictEqual(memberB.positions.get(bKey!), start, "b did not start from what a committed")
+        yield* kit.produce(topic, bPartition.partition, values(bPartition.partition, 3, 1))
+        yield* pollUntil([a, memberB], "b reads from a's last commit", () =>
+          (memberB.records.get(bKey!)?.length ?? 0) >= 4n - start)
+        assert.deepStrictEqual(memberB.records.get(bKey!)!.map((r) => r.offset), range(Number(start), 4))
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("a member with every partition paused under a backlog holds the new assignment the same way", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("hold-paused")
+        const group = unique("group")
+        const partitions = [tp(topic, 0), tp(topic, 1)]
+        yield* kit.createTopic(topic, 2)
+        yield* kit.produce(topic, 0, values(0, 0, 200))
+        yield* kit.produce(topic, 1, values(1, 0, 200))
+        const a = yield* join("a", group, topics(topic), { autoRelease: false, maxPollRecords: 5 })
+        yield* pollUntil([a], "a's first records of both partitions", () =>
+          offsetsOf(a, topic, 0).length > 0 && offsetsOf(a, topic, 1).length > 0)
+        // A slow consumer: its buffers are full, every partition is paused, the backlog waits in the broker.
+        yield* a.session.pause(partitions)
+        const until = Date.now() + 1000
+        yield* pollUntil([a], "a second of polling while paused", () => Date.now() >= until)
+        const reached = new Map(partitions.map((p) => [TopicPartition.key(p), a.positions.get(TopicPartition.key(p))!]))
+
+        const b = yield* joinInOwnScope("b", group, topics(topic))
+        yield* pollUntil([a], "a's partitions revoked", () => a.pendingRevokes.length > 0)
+        const revoked = a.pendingRevokes.shift()!
+        const early = yield* holdRevoke(a, b.fiber)
+        yield* a.session.commit(
+          OffsetBatch.fromIterable(partitions.map((p) => [p, reached.get(TopicPartition.key(p))!] as const))
+        )
+        yield* revoked.release
+
+        const memberB = early ?? (yield* Fiber.join(b.fiber))
+        yield* pollUntil([a, memberB], "a and b own one partition each", () =>
+          a.owned.size === 1 && memberB.owned.size === 1)
+        const [bKey] = Array.from(memberB.owned)
+        const start = reached.get(bKey!)!
+        assert.strictEqual(memberB.positions.get(bKey!), start, "b did not start from what a committed")
+        yield* pollUntil([a, memberB], "b reads the rest of its partition", () =>
+          (memberB.records.get(bKey!)?.length ?? 0) >= 200 - Number(start))
+        assert.deepStrictEqual(memberB.records.get(bKey!)!.map((r) => r.offset), range(Number(start), 200))
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("a member that leaves while it holds a revoke hands its partitions over, with its commits", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("hold-leave")
+        const group = unique("group")
+        yield* kit.createTopic(topic, 2)
+        yield* kit.produce(topic, 0, values(0, 0, 3))
+        yield* kit.produce(topic, 1, values(1, 0, 3))
+        const first = yield* joinInOwnScope("a", group, topics(topic), { autoRelease: false })
+        const a = yield* Fiber.join(first.fiber)
+        yield* pollUntil([a], "a read all 6 records", () => total(a) >= 6)
+
+        const b = yield* joinInOwnScope("b", group, topics(topic))
+        yield* pollUntil([a], "a's partitions revoked", () => a.pendingRevokes.length > 0)
+        yield* a.session.commit(OffsetBatch.fromIterable([[tp(topic, 0), 1n], [tp(topic, 1), 2n]]))
+        // a stops without releasing: closing the session ends the hold.
+        yield* Scope.close(first.scope, Exit.void)
+
+        const memberB = yield* Fiber.join(b.fiber)
+        yield* pollUntil([memberB], "b owns both partitions", () => memberB.owned.size === 2)
+        assert.strictEqual(memberB.positions.get(k(topic, 0)), 1n)
+        assert.strictEqual(memberB.positions.get(k(topic, 1)), 2n)
+        yield* pollUntil([memberB], "b reads on from a's commits", () => total(memberB) >= 3)
+        assert.deepStrictEqual(offsetsOf(memberB, topic, 0), [1n, 2n])
+        assert.deepStrictEqual(offsetsOf(memberB, topic, 1), [2n])
       }).pipe(Effect.provide(env)), testTimeout)
 
     it.scopedLive("a partition subscription gets exactly the partitions it names", () =>

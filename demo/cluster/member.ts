@@ -37,18 +37,19 @@ class ResultsWriteFailed extends Data.TaggedError("ResultsWriteFailed")<{ readon
 
 const offsetsOf = (records: Chunk.Chunk<ConsumerRecord>) => Chunk.toReadonlyArray(Chunk.map(records, (r) => r.offset))
 
-const policyLayer = (options: MemberOptions) => {
-  switch (options.policy) {
+const transactionalLayer = (options: MemberOptions) =>
+  CommitPolicy.transactional().pipe(
+    Layer.provide(PgOffsetStore.layer({ url: options.databaseUrl, table: options.offsetsTable, migrate: true }))
+  )
+
+const kafkaPolicyLayer = (policy: Exclude<MemberOptions["policy"], "transactional">) => {
+  switch (policy) {
     case "atMostOnce":
       return CommitPolicy.atMostOnce
     case "autoCommit":
       return CommitPolicy.autoCommit({ interval: "500 millis" })
     case "commitAfter":
       return CommitPolicy.commitAfter({ maxBatch: 200, maxInterval: "500 millis" })
-    case "transactional":
-      return CommitPolicy.transactional().pipe(
-        Layer.provide(PgOffsetStore.layer({ url: options.databaseUrl, table: options.offsetsTable, migrate: true }))
-      )
   }
 }
 
@@ -101,14 +102,15 @@ const member = (options: MemberOptions) =>
             Effect.mapError(PgOffsetStore.sql, (cause) => new ResultsWriteFailed({ cause })),
             (tx) => write(tx, records, tp)
           )
-        ), hooks).pipe(Effect.provide(policyLayer(options)))
+        ), hooks).pipe(Effect.provide(transactionalLayer(options)))
     }
+    const policy = kafkaPolicyLayer(options.policy)
     const pool = yield* Effect.acquireRelease(
       Effect.sync(() => postgres(options.databaseUrl, { max: 4, onnotice: () => {} })),
       (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.timeoutOption("10 seconds"), Effect.ignore)
     )
     return yield* Consumer.run(config, (records, tp) => pace(write(pool, records, tp)), hooks).pipe(
-      Effect.provide(policyLayer(options))
+      Effect.provide(policy)
     )
   }).pipe(
     Effect.scoped,

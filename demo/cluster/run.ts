@@ -437,6 +437,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       // kafkajs does not expose the group generation (its admin API does not return it).
       generation: 0,
       fenced,
+      zombies: 0,
       elapsedMillis,
       unexpectedExits,
       handlerMillis

@@ -1,5 +1,6 @@
 import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
+import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
@@ -8,19 +9,23 @@ import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
 import { CommitPolicy } from "../CommitPolicy.js"
-import * as ConsumerRecord from "../ConsumerRecord.js"
 import type { DriverSession } from "../Driver.js"
 import type { CommitFailed } from "../KafkaError.js"
 import * as OffsetBatch from "../OffsetBatch.js"
-import { OffsetStore, type Transaction } from "../OffsetStore.js"
+import { OffsetStore, Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
 import { retryAfterFailure } from "./retry.js"
+import { OutsideUnit } from "./unitBuffer.js"
 
-/** Retriable commit failures (a coordinator moving, a rebalance starting) are retried a few times. */
+/** Retriable commit failures (a coordinator moving, a rebalance starting) are retried a few times at once. */
 const commitRetry = Schedule.exponential(Duration.millis(20)).pipe(Schedule.intersect(Schedule.recurs(5)))
 
-const commitOnce = (session: DriverSession, batch: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> =>
-  retryAfterFailure(session.commit(batch), { schedule: commitRetry, retryable: (e) => e.retriable })
+/** A commit that must land before anything else happens is retried, more slowly, until the deadline. */
+const persistentRetry = (deadline: Duration.Duration) =>
+  Schedule.exponential(Duration.millis(100)).pipe(
+    Schedule.union(Schedule.spaced(Duration.seconds(5))),
+    Schedule.upTo(deadline)
+  )
 
 /** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
 const andThen = <E1, R1, E2, R2>(
@@ -29,72 +34,201 @@ const andThen = <E1, R1, E2, R2>(
 ): Effect.Effect<void, E1 | E2, R1 | R2> =>
   first === Effect.void ? second : second === Effect.void ? first : Effect.zipRight(first, second)
 
-const lastPosition = (records: Chunk.Chunk<ConsumerRecord.ConsumerRecord>): bigint =>
-  ConsumerRecord.nextPosition(Chunk.unsafeLast(records))
+const keys = (list: Iterable<string>) => Array.from(list).join(", ")
 
-// The handler's requirements without `Transaction`: policies other than `transactional` never provide it, and a
-// handler that asks for it there dies with a missing-service defect that names the tag.
-const withoutTransaction = <E, R>(work: Effect.Effect<void, E, R>) =>
-  work as Effect.Effect<void, E, Exclude<R, Transaction>>
+const partitionsOf = (positions: ReadonlyMap<string, bigint>) => Array.from(positions.keys(), TopicPartition.fromKey)
 
-/** Commits before handing records over: a record is handled at most once. */
-export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
-  Effect.succeed({
-    name: "atMostOnce",
-    startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
-    delivered: () => Effect.void,
-    polled: Effect.void,
-    process: (partition, records, work) =>
-      Effect.gen(function*() {
-        const batch = OffsetBatch.of(partition, lastPosition(records))
-        yield* context.crashAt("beforeCommit", [partition])
-        yield* context.guard(commitOnce(context.session, batch))
-        yield* context.crashAt("afterCommit", [partition])
-        yield* context.crashAt("beforeHandler", [partition])
-        yield* context.guard(withoutTransaction(work))
-        yield* context.crashAt("afterHandler", [partition])
-      }),
-    revoke: () => Effect.void,
-    lost: () => Effect.void
-  })
-
-/** Pending positions merged by highest per partition, committed one batch at a time. */
+/**
+ * Pending positions merged by highest per partition, committed one batch at a time, and the one rule for a refused
+ * commit, shared by `autoCommit` and `commitAfter`:
+ *
+ * - the member no longer owns a partition (`NotOwned`, a stale generation, an unknown member): that partition's
+ *   position is dropped, alone, and the rest of the batch is committed; its next owner repeats what was handled since
+ *   its last commit (a duplicate, never a loss);
+ * - retriable (a rebalance starting, the coordinator moving, a timeout, a lost connection): retried a few times, then
+ *   the positions are kept for the next commit; when commits have kept failing for `reconnectTimeout`, the consumer
+ *   ends with the last refusal. A final commit (on revoke) cannot wait for a next one: its positions are dropped;
+ * - anything else (not authorized, say) is fatal: the consumer ends with the `CommitFailed`.
+ */
 const makeCommitter = (context: PolicyContext) =>
   Effect.map(Effect.makeSemaphore(1), (lock) => {
     // Mutable and private: adding a position is a map write, not a copy of the batch.
     let pending = new Map<string, bigint>()
     let count = 0
-    const flush = lock.withPermits(1)(Effect.suspend(() => {
-      if (pending.size === 0) return Effect.void
-      const batch: OffsetBatch.OffsetBatch = { positions: pending }
-      pending = new Map()
-      count = 0
-      const partitions = OffsetBatch.entries(batch).map(([tp]) => tp)
-      return andThen(
-        context.crashAt("beforeCommit", partitions),
-        context.guard(commitOnce(context.session, batch)).pipe(
-          // A refused commit means the member lost these partitions; their records will be handled again by the
-          // next owner (a duplicate, never a loss). The runloop learns of the loss from the driver.
-          Effect.catchAll((error) => Effect.logWarning("commit refused; positions dropped", error)),
-          (committed) => andThen(committed, context.crashAt("afterCommit", partitions))
+    const owned = new Set<string>()
+    let failingSince: number | undefined
+    const deadline = Duration.toMillis(context.reconnectTimeout)
+
+    const keep = (positions: ReadonlyMap<string, bigint>) => {
+      for (const [k, position] of positions) {
+        const current = pending.get(k)
+        if (current === undefined || position > current) pending.set(k, position)
+      }
+    }
+
+    const attempt = (
+      positions: Map<string, bigint>,
+      final: ReadonlySet<string>
+    ): Effect.Effect<void, CommitFailed> =>
+      Effect.suspend(() => {
+        for (const k of positions.keys()) if (!owned.has(k)) positions.delete(k)
+        if (positions.size === 0) return Effect.void
+        return retryAfterFailure(context.session.commit({ positions }), {
+          schedule: commitRetry,
+          retryable: (error) => error.retriable
+        }).pipe(
+          Effect.matchEffect({
+            onSuccess: () =>
+              Effect.sync(() => {
+                failingSince = undefined
+              }),
+            onFailure: (error) => refused(positions, final, error)
+          })
         )
-      )
-    }))
+      })
+
+    const refused = (
+      positions: Map<string, bigint>,
+      final: ReadonlySet<string>,
+      error: CommitFailed
+    ): Effect.Effect<void, CommitFailed> => {
+      if (error.notOwned) {
+        const gone = error.reason === "NotOwned" ? error.partitions.map(TopicPartition.key) : Array.from(positions.keys())
+        for (const k of gone) {
+          positions.delete(k)
+          owned.delete(k)
+        }
+        return Effect.zipRight(
+          Effect.logInfo(
+            `positions of ${keys(gone)} dropped: this member no longer owns them (${error.reason}); their next owner ` +
+              "repeats what was handled since their last commit"
+          ),
+          positions.size > 0 ? attempt(positions, final) : Effect.void
+        )
+      }
+      if (!error.retriable) return Effect.fail(error)
+      return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        failingSince ??= now
+        if (now - failingSince >= deadline) return Effect.fail(error)
+        const dropped = Array.from(positions.keys()).filter((k) => final.has(k))
+        for (const k of dropped) positions.delete(k)
+        keep(positions)
+        return Effect.logWarning(
+          `${error.message}, after retries; ` +
+            (positions.size > 0 ? `the positions of ${keys(positions.keys())} wait for the next commit` : "") +
+            (dropped.length > 0 ?
+              `${positions.size > 0 ? "; " : ""}the final positions of ${keys(dropped)} are dropped (their next ` +
+                "owner repeats what was handled since their last commit)" :
+              "")
+        )
+      })
+    }
+
+    const flushWith = (final: ReadonlySet<string>) =>
+      lock.withPermits(1)(Effect.suspend(() => {
+        if (pending.size === 0) return Effect.void
+        const positions = pending
+        pending = new Map()
+        count = 0
+        const partitions = partitionsOf(positions)
+        return andThen(
+          context.crashAt("beforeCommit", partitions),
+          andThen(context.guard(attempt(positions, final)), context.crashAt("afterCommit", partitions))
+        )
+      }))
+
+    const noneFinal: ReadonlySet<string> = new Set()
+
     return {
-      /** Adds a handled position at once; returns the records handled since the last flush. */
+      /** Adds a handled position of an owned partition at once; returns the records handled since the last flush. */
       unsafeAdd: (partition: TopicPartition.TopicPartition, position: bigint, records: number): number => {
         const k = TopicPartition.key(partition)
+        if (!owned.has(k)) return count
         const current = pending.get(k)
         if (current === undefined || position > current) pending.set(k, position)
         count += records
         return count
       },
+      assign: (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+        Effect.sync(() => {
+          for (const tp of partitions) owned.add(TopicPartition.key(tp))
+        }),
+      flush: flushWith(noneFinal),
+      /** Commits what is pending (the revoked partitions' positions for the last time), then lets them go. */
+      revoke: (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+        Effect.suspend(() => {
+          const revoked = new Set(partitions.map(TopicPartition.key))
+          return flushWith(revoked).pipe(Effect.ensuring(Effect.sync(() => {
+            for (const k of revoked) {
+              owned.delete(k)
+              pending.delete(k)
+            }
+          })))
+        }),
       forget: (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
         Effect.sync(() => {
-          for (const tp of partitions) pending.delete(TopicPartition.key(tp))
-        }),
-      flush
+          for (const tp of partitions) {
+            owned.delete(TopicPartition.key(tp))
+            pending.delete(TopicPartition.key(tp))
+          }
+        })
     } as const
+  })
+
+/** Where a partition starts when Kafka holds the position: the committed offset, when there is one. */
+const kafkaStartPositions = (session: DriverSession, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+  session.committed(partitions)
+
+/** Commits before handing records over: a record is handled at most once. */
+export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
+  Effect.sync(() => {
+    const owned = new Set<string>()
+    // The commit must land before the handler runs: retriable refusals are retried until the deadline.
+    const commitFirst = (partition: TopicPartition.TopicPartition, next: bigint) =>
+      retryAfterFailure(context.session.commit(OffsetBatch.of(partition, next)), {
+        schedule: persistentRetry(context.reconnectTimeout),
+        retryable: (error) => error.retriable
+      }).pipe(
+        Effect.as(true),
+        Effect.catchIf((error) => error.notOwned, (error) => {
+          owned.delete(TopicPartition.key(partition))
+          return Effect.as(
+            Effect.logInfo(
+              `${TopicPartition.key(partition)}: ${error.message}; the chunk is skipped, its next owner starts before it`
+            ),
+            false
+          )
+        })
+      )
+    const instance: PolicyInstance = {
+      name: "atMostOnce",
+      assign: (partitions) =>
+        Effect.suspend(() => {
+          for (const tp of partitions) owned.add(TopicPartition.key(tp))
+          return kafkaStartPositions(context.session, partitions)
+        }),
+      delivered: () => Effect.void,
+      polled: Effect.void,
+      process: (partition, _records, next, work) =>
+        Effect.gen(function*() {
+          if (!owned.has(TopicPartition.key(partition))) return
+          yield* context.crashAt("beforeCommit", [partition])
+          if (!(yield* context.guard(commitFirst(partition, next)))) return
+          yield* context.crashAt("afterCommit", [partition])
+          yield* context.crashAt("beforeHandler", [partition])
+          yield* context.guard(work)
+          yield* context.crashAt("afterHandler", [partition])
+        }),
+      revoke: (partitions) =>
+        Effect.sync(() => {
+          for (const tp of partitions) owned.delete(TopicPartition.key(tp))
+        }),
+      lost: (partitions) =>
+        Effect.sync(() => {
+          for (const tp of partitions) owned.delete(TopicPartition.key(tp))
+        })
+    }
+    return instance
   })
 
 /** The kafka-clients auto commit: positions of fetched records, committed every interval from the poll loop. */
@@ -108,7 +242,8 @@ export const autoCommit = (
     const every = Duration.toMillis(interval)
     return {
       name: "autoCommit",
-      startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
+      assign: (partitions) =>
+        Effect.zipRight(committer.assign(partitions), kafkaStartPositions(context.session, partitions)),
       delivered: (partition, next) =>
         Effect.sync(() => {
           committer.unsafeAdd(partition, next, 0)
@@ -119,14 +254,14 @@ export const autoCommit = (
         last = now
         yield* committer.flush
       }),
-      process: (partition, _records, work, retry) =>
+      process: (partition, _records, _next, work, retry) =>
         Effect.gen(function*() {
           yield* context.crashAt("beforeHandler", [partition])
-          yield* context.guard(withoutTransaction(retry(work)))
+          yield* context.guard(retry(work))
           yield* context.crashAt("afterHandler", [partition])
         }),
       // kafka-clients commits synchronously before a rebalance when auto commit is on.
-      revoke: () => committer.flush,
+      revoke: committer.revoke,
       lost: committer.forget
     } satisfies PolicyInstance
   })
@@ -164,95 +299,85 @@ export const commitAfter = (
     )
     return {
       name: "commitAfter",
-      startPositions: (partitions) => kafkaStartPositions(context.session, partitions),
+      assign: (partitions) =>
+        Effect.zipRight(committer.assign(partitions), kafkaStartPositions(context.session, partitions)),
       delivered: () => Effect.void,
       polled: Effect.void,
       // Runs once per chunk: combinators rather than a generator, and the bookkeeping after the handler is one
       // synchronous step.
-      process: (partition, records, work, retry) => {
-        const handled = andThen(
-          context.guard(withoutTransaction(retry(work))),
-          context.crashAt("afterHandler", [partition])
-        )
+      process: (partition, records, next, work, retry) => {
+        const handled = andThen(context.guard(retry(work)), context.crashAt("afterHandler", [partition]))
         return andThen(
           context.crashAt("beforeHandler", [partition]),
           Effect.map(handled, () => {
-            if (committer.unsafeAdd(partition, lastPosition(records), Chunk.size(records)) >= maxBatch) {
-              due.unsafeOffer(undefined)
-            }
+            if (committer.unsafeAdd(partition, next, Chunk.size(records)) >= maxBatch) due.unsafeOffer(undefined)
           })
         )
       },
-      revoke: () => committer.flush,
+      revoke: committer.revoke,
       lost: committer.forget
     } satisfies PolicyInstance
   })
 
-/** Where a partition starts when Kafka holds the position: the committed offset, else the beginning. */
-const kafkaStartPositions = (
-  session: DriverSession,
-  partitions: ReadonlyArray<TopicPartition.TopicPartition>
-) =>
-  Effect.gen(function*() {
-    const committed = yield* session.committed(partitions)
-    const missing = partitions.filter((tp) => !committed.has(TopicPartition.key(tp)))
-    if (missing.length === 0) return committed
-    const beginning = yield* session.beginning(missing)
-    return new Map([...beginning, ...committed])
-  })
-
 /** Exactly-once: the handler's writes and the position in one transaction of the offset store. */
-export const transactionalLayer = (commitToKafka: boolean): Layer.Layer<CommitPolicy, never, OffsetStore> =>
-  Layer.effect(
-    CommitPolicy,
-    Effect.map(OffsetStore, (store) => ({
-      name: "transactional",
-      make: (context: PolicyContext) =>
-        Effect.sync(() => {
-          // The stored position each owned partition's next unit starts from; `null` when nothing is stored yet.
-          const stored = new Map<string, bigint | null>()
-          const instance: PolicyInstance = {
-            name: "transactional",
-            startPositions: (partitions) =>
-              Effect.gen(function*() {
-                const loaded = yield* store.load(context.groupId, partitions)
-                const missing = partitions.filter((tp) => !loaded.has(TopicPartition.key(tp)))
-                const beginning = missing.length === 0 ? new Map<string, bigint>() : yield* context.session.beginning(missing)
-                for (const tp of partitions) stored.set(TopicPartition.key(tp), loaded.get(TopicPartition.key(tp)) ?? null)
-                return new Map([...beginning, ...loaded])
-              }),
-            delivered: () => Effect.void,
-            polled: Effect.void,
-            process: (partition, records, work, retry) =>
-              Effect.gen(function*() {
-                const key = TopicPartition.key(partition)
-                const next = lastPosition(records)
-                yield* context.crashAt("beforeHandler", [partition])
-                const unit = { groupId: context.groupId, partition, expected: stored.get(key) ?? null, next }
-                yield* retry(context.guard(store.commit(
-                  unit,
-                  work.pipe(
-                    Effect.zipLeft(context.crashAt("afterHandler", [partition])),
-                    Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
-                  )
-                )))
-                stored.set(key, next)
-                yield* context.crashAt("afterCommit", [partition])
-                if (commitToKafka) {
-                  yield* context.guard(context.session.commit(OffsetBatch.of(partition, next))).pipe(
-                    Effect.catchAll((error) => Effect.logDebug("position hint not committed to Kafka", error))
-                  )
-                }
-              }),
-            revoke: () => Effect.void,
-            lost: (partitions) =>
+export const transactionalLayer = (
+  commitToKafka: boolean
+): Layer.Layer<CommitPolicy | Transaction, never, OffsetStore> =>
+  Layer.effectContext(
+    Effect.map(OffsetStore, (store) =>
+      Context.make(CommitPolicy, {
+        name: "transactional",
+        make: (context: PolicyContext) =>
+          Effect.sync(() => {
+            // The owner epoch of each owned partition, from the claim made on assign.
+            const epochs = new Map<string, bigint>()
+            const forget = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
               Effect.sync(() => {
-                for (const tp of partitions) stored.delete(TopicPartition.key(tp))
+                for (const tp of partitions) epochs.delete(TopicPartition.key(tp))
               })
-          }
-          return instance
-        })
-    }))
+            const instance: PolicyInstance = {
+              name: "transactional",
+              assign: (partitions) =>
+                Effect.map(store.claim(context.groupId, partitions), (claims) => {
+                  const positions = new Map<string, bigint>()
+                  for (const [k, claim] of claims) {
+                    epochs.set(k, claim.epoch)
+                    if (claim.position !== null) positions.set(k, claim.position)
+                  }
+                  return positions
+                }),
+              delivered: () => Effect.void,
+              polled: Effect.void,
+              process: (partition, _records, next, work, retry) =>
+                Effect.gen(function*() {
+                  const epoch = epochs.get(TopicPartition.key(partition))
+                  // Work of a partition this member no longer owns (left running after a revoke) commits nothing.
+                  if (epoch === undefined) return
+                  yield* context.crashAt("beforeHandler", [partition])
+                  const unit = { groupId: context.groupId, partition, epoch, next }
+                  yield* retry(context.guard(store.commit(
+                    unit,
+                    work.pipe(
+                      Effect.zipLeft(context.crashAt("afterHandler", [partition])),
+                      Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
+                    )
+                  )))
+                  yield* context.crashAt("afterCommit", [partition])
+                  if (commitToKafka) {
+                    yield* context.guard(context.session.commit(OffsetBatch.of(partition, next))).pipe(
+                      Effect.catchAll((error) => Effect.logDebug("position hint not committed to Kafka", error))
+                    )
+                  }
+                }),
+              revoke: forget,
+              lost: forget
+            }
+            return instance
+          })
+      }).pipe(
+        // Outside a unit of work the service holds no transaction; each unit provides its own over it.
+        Context.add(Transaction, { store: store.name, handle: new OutsideUnit(store.name) })
+      ))
   )
 
 export type { PolicyError }

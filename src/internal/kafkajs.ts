@@ -1,55 +1,21 @@
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Redacted from "effect/Redacted"
 import * as Runtime from "effect/Runtime"
 import { Kafka, logLevel as KafkaLogLevel } from "kafkajs"
-import type { KafkaConfig, KafkaMessage, LogEntry, logCreator, RetryOptions, SASLOptions } from "kafkajs"
+import type {
+  ISocketFactory,
+  KafkaConfig,
+  KafkaMessage,
+  LogEntry,
+  logCreator,
+  RetryOptions as KafkaRetryOptions,
+  SASLOptions
+} from "kafkajs"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
+import type { Config, LogLevel, RetryOptions, SaslOptions, TlsOptions } from "../KafkaJs.js"
 import { CommitFailed, ConfigError, DriverError } from "../KafkaError.js"
-
-/** @internal */
-export type LogLevel = "nothing" | "error" | "warn" | "info" | "debug"
-
-/** @internal */
-export interface TlsOptions {
-  readonly ca?: string | ReadonlyArray<string> | undefined
-  readonly cert?: string | undefined
-  readonly key?: string | undefined
-  readonly passphrase?: string | undefined
-  readonly servername?: string | undefined
-  readonly rejectUnauthorized?: boolean | undefined
-}
-
-/** @internal */
-export type SaslOptions = {
-  readonly mechanism: "plain" | "scram-sha-256" | "scram-sha-512"
-  readonly username: string
-  readonly password: string
-}
-
-/** @internal */
-export interface RetryConfig {
-  readonly retries?: number | undefined
-  readonly initialRetryTime?: Duration.DurationInput | undefined
-  readonly maxRetryTime?: Duration.DurationInput | undefined
-  readonly factor?: number | undefined
-  readonly multiplier?: number | undefined
-}
-
-/** What a kafkajs client is made from: passed through to kafkajs. @internal */
-export interface ConnectionConfig {
-  /** Bootstrap brokers, each `host:port`. */
-  readonly brokers: ReadonlyArray<string>
-  /** Default client id; a session's own `clientId` takes precedence. */
-  readonly clientId?: string | undefined
-  readonly ssl?: boolean | TlsOptions | undefined
-  readonly sasl?: SaslOptions | undefined
-  readonly connectionTimeout?: Duration.DurationInput | undefined
-  readonly authenticationTimeout?: Duration.DurationInput | undefined
-  readonly requestTimeout?: Duration.DurationInput | undefined
-  readonly retry?: RetryConfig | undefined
-  /** What kafkajs itself logs, through Effect's logger. Default `"warn"`. */
-  readonly logLevel?: LogLevel | undefined
-}
+import type { TopicPartition } from "../TopicPartition.js"
 
 const brokerPattern = /^(\[[0-9A-Fa-f:.]+\]|[^\s:/[\]@]+):(\d{1,5})$/
 
@@ -117,26 +83,6 @@ const toKafkaLogLevel = (level: LogLevel): KafkaLogLevel => {
   }
 }
 
-/**
- * kafkajs logs through a callback; this sends each entry to Effect's logger with the runtime captured when the layer
- * was built, so the application's logger configuration applies.
- */
-const makeLogCreator = (runtime: Runtime.Runtime<never>): logCreator => () => (entry: LogEntry) => {
-  const { message, timestamp: _timestamp, logger: _logger, ...rest } = entry.log
-  const text = `kafkajs ${entry.namespace}: ${message}`
-  // kafkajs logs every error response at error level, including the expected ones of a rebalance
-  // ("The group is rebalancing"); the operation that got it reports the error itself.
-  const level = entry.namespace === "Connection" && message.startsWith("Response ") ? KafkaLogLevel.DEBUG : entry.level
-  const effect = level <= KafkaLogLevel.ERROR
-    ? Effect.logError(text)
-    : level === KafkaLogLevel.WARN
-    ? Effect.logWarning(text)
-    : level === KafkaLogLevel.INFO
-    ? Effect.logInfo(text)
-    : Effect.logDebug(text)
-  Runtime.runFork(runtime)(Effect.annotateLogs(effect, rest))
-}
-
 const toTls = (ssl: boolean | TlsOptions): NonNullable<KafkaConfig["ssl"]> => {
   if (typeof ssl === "boolean") return ssl
   const out: Exclude<NonNullable<KafkaConfig["ssl"]>, boolean> = {}
@@ -149,26 +95,53 @@ const toTls = (ssl: boolean | TlsOptions): NonNullable<KafkaConfig["ssl"]> => {
   return out
 }
 
+/** The one place the password leaves its `Redacted`: the configuration handed to a new kafkajs client. */
 const toSasl = (sasl: SaslOptions): SASLOptions => {
+  const password = Redacted.value(sasl.password)
   switch (sasl.mechanism) {
     case "plain":
-      return { mechanism: "plain", username: sasl.username, password: sasl.password }
+      return { mechanism: "plain", username: sasl.username, password }
     case "scram-sha-256":
-      return { mechanism: "scram-sha-256", username: sasl.username, password: sasl.password }
+      return { mechanism: "scram-sha-256", username: sasl.username, password }
     case "scram-sha-512":
-      return { mechanism: "scram-sha-512", username: sasl.username, password: sasl.password }
+      return { mechanism: "scram-sha-512", username: sasl.username, password }
   }
 }
 
 /**
- * Checks the connection settings and builds the kafkajs client configuration. Nothing connects here.
+ * Checked connection settings, from which kafkajs clients are made. The SASL password is still redacted here.
  *
  * @internal
  */
-export const makeKafkaConfig = (
-  config: ConnectionConfig,
+export interface ClientConfig {
+  /** Everything kafkajs takes but the credentials and the logger, which `makeClient` adds. */
+  readonly kafka: Omit<KafkaConfig, "sasl" | "logCreator" | "logLevel">
+  readonly sasl: SaslOptions | undefined
+  readonly logLevel: LogLevel
+  /** Runs the log entries kafkajs hands over, with the application's logger. */
+  readonly runtime: Runtime.Runtime<never>
+}
+
+/**
+ * Checks the connection settings. Nothing connects here.
+ *
+ * @internal
+ */
+export const makeClientConfig = (
+  config: Pick<
+    Config,
+    | "brokers"
+    | "clientId"
+    | "ssl"
+    | "sasl"
+    | "connectionTimeout"
+    | "authenticationTimeout"
+    | "requestTimeout"
+    | "retry"
+    | "logLevel"
+  >,
   runtime: Runtime.Runtime<never>
-): Effect.Effect<KafkaConfig, ConfigError> =>
+): Effect.Effect<ClientConfig, ConfigError> =>
   Effect.gen(function*() {
     const brokers = yield* parseBrokers(config.brokers)
     if (config.clientId !== undefined && config.clientId.trim().length === 0) {
@@ -185,28 +158,31 @@ export const makeKafkaConfig = (
       if (config.sasl.username.length === 0) {
         return yield* new ConfigError({ field: "sasl.username", reason: "must not be empty" })
       }
+      if (!Redacted.isRedacted(config.sasl.password)) {
+        return yield* new ConfigError({
+          field: "sasl.password",
+          reason: "must be a Redacted value (Redacted.make, or Config.redacted to read it)"
+        })
+      }
     }
     const connectionTimeout = yield* positiveMillis("connectionTimeout", config.connectionTimeout)
     const authenticationTimeout = yield* positiveMillis("authenticationTimeout", config.authenticationTimeout)
     const requestTimeout = yield* positiveMillis("requestTimeout", config.requestTimeout)
-    const out: KafkaConfig = {
-      brokers: Array.from(brokers),
-      logLevel: toKafkaLogLevel(config.logLevel ?? "warn"),
-      logCreator: makeLogCreator(runtime)
+    const kafka: { -readonly [K in keyof ClientConfig["kafka"]]: ClientConfig["kafka"][K] } = {
+      brokers: Array.from(brokers)
     }
-    if (config.clientId !== undefined) out.clientId = config.clientId
-    if (config.ssl !== undefined) out.ssl = toTls(config.ssl)
-    if (config.sasl !== undefined) out.sasl = toSasl(config.sasl)
-    if (connectionTimeout !== undefined) out.connectionTimeout = connectionTimeout
-    if (authenticationTimeout !== undefined) out.authenticationTimeout = authenticationTimeout
-    if (requestTimeout !== undefined) out.requestTimeout = requestTimeout
-    if (config.retry !== undefined) out.retry = yield* makeRetry(config.retry)
-    return out
+    if (config.clientId !== undefined) kafka.clientId = config.clientId
+    if (config.ssl !== undefined) kafka.ssl = toTls(config.ssl)
+    if (connectionTimeout !== undefined) kafka.connectionTimeout = connectionTimeout
+    if (authenticationTimeout !== undefined) kafka.authenticationTimeout = authenticationTimeout
+    if (requestTimeout !== undefined) kafka.requestTimeout = requestTimeout
+    if (config.retry !== undefined) kafka.retry = yield* makeRetry(config.retry)
+    return { kafka, sasl: config.sasl, logLevel: config.logLevel ?? "warn", runtime }
   })
 
-const makeRetry = (retry: RetryConfig): Effect.Effect<RetryOptions, ConfigError> =>
+const makeRetry = (retry: RetryOptions): Effect.Effect<KafkaRetryOptions, ConfigError> =>
   Effect.gen(function*() {
-    const out: RetryOptions = {}
+    const out: KafkaRetryOptions = {}
     if (retry.retries !== undefined) {
       if (!Number.isInteger(retry.retries) || retry.retries < 0) {
         return yield* new ConfigError({ field: "retry.retries", reason: "must be a non-negative integer" })
@@ -232,9 +208,84 @@ const makeRetry = (retry: RetryConfig): Effect.Effect<RetryOptions, ConfigError>
     return out
   })
 
+const REDACTED = "<redacted>"
+
+/** Replaces every occurrence of `secret` in a value that is about to be logged; other values are kept as they are. */
+const scrub = (secret: string | undefined) => (value: unknown): unknown => {
+  if (secret === undefined || secret.length === 0) return value
+  if (typeof value === "string") return value.includes(secret) ? value.split(secret).join(REDACTED) : value
+  if (typeof value !== "object" || value === null) return value
+  let text: string
+  try {
+    text = value instanceof Error ? `${value.message}\n${value.stack ?? ""}` : JSON.stringify(value)
+  } catch {
+    return value
+  }
+  return text.includes(secret) ? text.split(secret).join(REDACTED) : value
+}
+
+/**
+ * kafkajs logs through a callback; this sends each entry at or above `level` to Effect's logger with the runtime
+ * captured when the layer was built, so the application's logger configuration applies. kafkajs never logs its SASL
+ * password (checked against its sources); the entries are scrubbed of it all the same.
+ */
+const makeLogCreator = (
+  runtime: Runtime.Runtime<never>,
+  level: KafkaLogLevel,
+  secret: string | undefined,
+  onLog: ((entry: LogEntry) => void) | undefined
+): logCreator =>
+() => {
+  const clean = scrub(secret)
+  const run = Runtime.runFork(runtime)
+  return (entry: LogEntry) => {
+    onLog?.(entry)
+    if (entry.level > level) return
+    const { message, timestamp: _timestamp, logger: _logger, ...rest } = entry.log
+    const annotations: Record<string, unknown> = {}
+    for (const [key, value] of Object.entries(rest)) annotations[key] = clean(value)
+    const text = `kafkajs ${entry.namespace}: ${String(clean(message))}`
+    // kafkajs logs every error response at error level, including the expected ones of a rebalance
+    // ("The group is rebalancing"); the operation that got it reports the error itself.
+    const effective = entry.namespace === "Connection" && message.startsWith("Response ")
+      ? KafkaLogLevel.DEBUG
+      : entry.level
+    const effect = effective <= KafkaLogLevel.ERROR
+      ? Effect.logError(text)
+      : effective === KafkaLogLevel.WARN
+      ? Effect.logWarning(text)
+      : effective === KafkaLogLevel.INFO
+      ? Effect.logInfo(text)
+      : Effect.logDebug(text)
+    run(Effect.annotateLogs(effect, annotations))
+  }
+}
+
 /** @internal */
-export const makeClient = (config: KafkaConfig, clientId?: string): Kafka =>
-  new Kafka(clientId === undefined ? config : { ...config, clientId })
+export interface ClientOptions {
+  readonly clientId?: string | undefined
+  readonly socketFactory?: ISocketFactory | undefined
+  /**
+   * Sees kafkajs's log entries of level error (whatever the configured level) and of the configured level, before
+   * they are forwarded: kafkajs reports some of what it does (resetting an out-of-range partition) only there.
+   */
+  readonly onLog?: ((entry: LogEntry) => void) | undefined
+}
+
+/** @internal */
+export const makeClient = (config: ClientConfig, options: ClientOptions = {}): Kafka => {
+  const level = toKafkaLogLevel(config.logLevel)
+  const kafkaLevel = options.onLog === undefined ? level : Math.max(level, KafkaLogLevel.ERROR)
+  const secret = config.sasl === undefined ? undefined : Redacted.value(config.sasl.password)
+  return new Kafka({
+    ...config.kafka,
+    ...(options.clientId === undefined ? {} : { clientId: options.clientId }),
+    ...(options.socketFactory === undefined ? {} : { socketFactory: options.socketFactory }),
+    ...(config.sasl === undefined ? {} : { sasl: toSasl(config.sasl) }),
+    logLevel: kafkaLevel,
+    logCreator: makeLogCreator(config.runtime, level, secret, options.onLog)
+  })
+}
 
 // ---------------------------------------------------------------------------------------------------------------------
 // errors
@@ -288,38 +339,123 @@ export const isRebalanceError = (error: unknown): boolean => {
   return type === "REBALANCE_IN_PROGRESS" || type === "ILLEGAL_GENERATION" || type === "NOT_COORDINATOR_FOR_GROUP"
 }
 
-/** @internal */
-export const driverError = (operation: string) => (cause: unknown): DriverError =>
-  new DriverError({ operation, reason: describe(cause), cause })
+/** The connection to a broker failed or closed, or no broker could be reached. */
+const disconnectedNames = new Set([
+  "KafkaJSConnectionError",
+  "KafkaJSConnectionClosedError",
+  "KafkaJSBrokerNotFound",
+  "KafkaJSNoBrokerAvailableError"
+])
 
 /**
- * Classifies a refused commit. A rebalance that is starting and a coordinator that moved are worth retrying; a stale
- * generation or an unknown member mean the partitions belong to someone else now.
+ * No broker could say where the group's coordinator is (every one refused the connection, or answered that it is
+ * not available): kafkajs marks it non-retriable, but it goes away with the cluster's coming back.
+ */
+const COORDINATOR_NOT_FOUND = "KafkaJSGroupCoordinatorNotFound"
+
+/** Protocol errors (names as in kafkajs's src/protocol/error.js) that go away once the cluster is reachable again. */
+const transientTypes = new Set([
+  "REQUEST_TIMED_OUT",
+  "NETWORK_EXCEPTION",
+  "BROKER_NOT_AVAILABLE",
+  "LEADER_NOT_AVAILABLE",
+  "NOT_LEADER_FOR_PARTITION",
+  "REPLICA_NOT_AVAILABLE",
+  "FENCED_LEADER_EPOCH",
+  "UNKNOWN_LEADER_EPOCH",
+  "KAFKA_STORAGE_ERROR",
+  "NOT_ENOUGH_REPLICAS",
+  "GROUP_COORDINATOR_NOT_AVAILABLE",
+  "NOT_COORDINATOR_FOR_GROUP",
+  "GROUP_LOAD_IN_PROGRESS",
+  // The same conditions under the names newer Kafka versions give them.
+  "COORDINATOR_NOT_AVAILABLE",
+  "NOT_COORDINATOR",
+  "COORDINATOR_LOAD_IN_PROGRESS",
+  "NOT_LEADER_OR_FOLLOWER"
+])
+
+/**
+ * Whether an error goes away when the cluster is reachable again: a closed or refused connection, a request timeout,
+ * a broker or leader moving, also after kafkajs gave up retrying them. An unknown topic, a refused login or
+ * authorization, a bad setting are not.
  *
  * @internal
  */
-export const commitFailed = (cause: unknown): CommitFailed => {
-  const detail = describe(cause)
-  switch (protocolType(cause)) {
+export const isRetriable = (error: unknown): boolean =>
+  causeChain(error).some((e) =>
+    (typeof e.name === "string" &&
+      (disconnectedNames.has(e.name) || e.name === "KafkaJSRequestTimeoutError" || e.name === COORDINATOR_NOT_FOUND)) ||
+    (typeof e.type === "string" && transientTypes.has(e.type))
+  )
+
+/** @internal */
+export const driverError = (operation: string) => (cause: unknown): DriverError =>
+  new DriverError({ operation, reason: describe(cause), retriable: isRetriable(cause), cause })
+
+type CommitFailureReason = CommitFailed["reason"]
+
+const commitReasonOfType = (type: string | undefined): CommitFailureReason | undefined => {
+  switch (type) {
     case "REBALANCE_IN_PROGRESS":
-      return new CommitFailed({ reason: "RebalanceInProgress", retriable: true, detail })
+      return "RebalanceInProgress"
+    case "NOT_COORDINATOR_FOR_GROUP":
+    case "NOT_COORDINATOR":
+    case "GROUP_COORDINATOR_NOT_AVAILABLE":
+    case "COORDINATOR_NOT_AVAILABLE":
+    case "GROUP_LOAD_IN_PROGRESS":
+    case "COORDINATOR_LOAD_IN_PROGRESS":
+      return "CoordinatorNotAvailable"
+    case "REQUEST_TIMED_OUT":
+      return "Timeout"
+    case "NETWORK_EXCEPTION":
+      return "Disconnected"
     case "ILLEGAL_GENERATION":
-      return new CommitFailed({ reason: "IllegalGeneration", retriable: false, detail })
+      return "IllegalGeneration"
     case "UNKNOWN_MEMBER_ID":
     case "FENCED_INSTANCE_ID":
-      return new CommitFailed({ reason: "UnknownMember", retriable: false, detail })
-    case "NOT_COORDINATOR_FOR_GROUP":
-    case "GROUP_COORDINATOR_NOT_AVAILABLE":
-    case "GROUP_LOAD_IN_PROGRESS":
-      return new CommitFailed({ reason: "CoordinatorNotAvailable", retriable: true, detail })
+      return "UnknownMember"
+    case "GROUP_AUTHORIZATION_FAILED":
+    case "TOPIC_AUTHORIZATION_FAILED":
+      return "Unauthorized"
+    case "OFFSET_METADATA_TOO_LARGE":
+    case "INVALID_COMMIT_OFFSET_SIZE":
+      return "Other"
+    default:
+      return undefined
   }
+}
+
+/**
+ * Classifies a refused commit of `partitions` by the protocol error inside it (kafkajs wraps it when it gave up
+ * retrying), then by the kafkajs error around it: a timeout, a lost connection, and any other error kafkajs marks
+ * retriable are retried; an unknown error that is not retriable ends the consumer.
+ *
+ * @internal
+ */
+export const commitFailed = (
+  cause: unknown,
+  partitions: ReadonlyArray<TopicPartition>
+): CommitFailed => {
+  const detail = describe(cause)
   const chain = causeChain(cause)
+  const names = chain.map((e) => e.name)
   const root = chain[chain.length - 1]
-  const retriable = chain.some((e) => e.name === "KafkaJSNumberOfRetriesExceeded") ||
-    chain.some((e) => typeof e.name === "string" && e.name.startsWith("KafkaJSConnection")) ||
-    chain.some((e) => e.name === "KafkaJSRequestTimeoutError") ||
-    (root !== undefined && root.retriable === true)
-  return new CommitFailed({ reason: "Other", retriable, detail })
+  const reason: CommitFailureReason = commitReasonOfType(protocolType(cause)) ??
+    (names.includes(COORDINATOR_NOT_FOUND)
+      ? "CoordinatorNotAvailable"
+      : names.includes("KafkaJSRequestTimeoutError")
+      ? "Timeout"
+      : names.some((name) => typeof name === "string" && disconnectedNames.has(name))
+      ? "Disconnected"
+      : root !== undefined && root.retriable === true
+      ? "Transient"
+      : "Other")
+  return new CommitFailed({
+    reason,
+    partitions: partitions.map(({ partition, topic }) => ({ topic, partition })),
+    detail
+  })
 }
 
 // ---------------------------------------------------------------------------------------------------------------------

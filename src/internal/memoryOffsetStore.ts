@@ -1,6 +1,6 @@
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
-import type { CommitUnit } from "../OffsetStore.js"
+import type { Claim, CommitUnit } from "../OffsetStore.js"
 import { type Fenced, OffsetStore, Results, type Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
 import { fencedUnit, runUnit } from "./unitBuffer.js"
@@ -9,7 +9,8 @@ const STORE = "memory"
 
 interface PartitionState {
   readonly partition: TopicPartition.TopicPartition
-  readonly position: bigint
+  readonly position: bigint | null
+  readonly epoch: bigint
   readonly results: ReadonlyArray<string>
 }
 
@@ -31,14 +32,34 @@ export const make: Effect.Effect<Context.Context<OffsetStore | Results>> = Effec
       const positions = new Map<string, bigint>()
       for (const partition of partitions) {
         const key = TopicPartition.key(partition)
-        const state = stored?.get(key)
-        if (state !== undefined) positions.set(key, state.position)
+        const position = stored?.get(key)?.position
+        if (position !== undefined && position !== null) positions.set(key, position)
       }
       return positions
     })
 
-  // The check and the write run in one synchronous step, so that of two units started from the same position only
-  // the first to finish its work can commit; the work itself runs outside any lock.
+  // A claim and a unit's check-and-write each run in one synchronous step: a unit of an earlier owner either wrote
+  // before the claim (and the claim returns its position) or finds the epoch moved on.
+  const claim = (groupId: string, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+    Effect.sync(() => {
+      const stored = partitionsOf(groupId)
+      const claims = new Map<string, Claim>()
+      for (const partition of partitions) {
+        const key = TopicPartition.key(partition)
+        const state = stored.get(key)
+        const next: PartitionState = {
+          partition,
+          position: state?.position ?? null,
+          epoch: (state?.epoch ?? 0n) + 1n,
+          results: state?.results ?? []
+        }
+        stored.set(key, next)
+        claims.set(key, { epoch: next.epoch, position: next.position })
+      }
+      return claims
+    })
+
+  // The work itself runs outside any lock: units of one owner may run side by side, and only the epoch decides.
   const commit = <A, E, R>(
     unit: CommitUnit,
     work: Effect.Effect<A, E, R>
@@ -48,14 +69,14 @@ export const make: Effect.Effect<Context.Context<OffsetStore | Results>> = Effec
         const partitions = partitionsOf(unit.groupId)
         const key = TopicPartition.key(unit.partition)
         const state = partitions.get(key)
-        const actual = state?.position ?? null
-        if (actual !== unit.expected) {
-          return Effect.fail(fencedUnit(unit, actual))
+        if (state === undefined || state.epoch !== unit.epoch) {
+          return Effect.fail(fencedUnit(unit, state?.epoch ?? null))
         }
         partitions.set(key, {
           partition: unit.partition,
           position: unit.next,
-          results: state === undefined ? entries : [...state.results, ...entries]
+          epoch: state.epoch,
+          results: entries.length === 0 ? state.results : [...state.results, ...entries]
         })
         return Effect.succeed(value)
       })
@@ -71,5 +92,5 @@ export const make: Effect.Effect<Context.Context<OffsetStore | Results>> = Effec
       return states.flatMap((state) => state.results.map((text): unknown => JSON.parse(text)))
     })
 
-  return Context.make(OffsetStore, { name: STORE, load, commit }).pipe(Context.add(Results, { read }))
+  return Context.make(OffsetStore, { name: STORE, load, claim, commit }).pipe(Context.add(Results, { read }))
 })

@@ -1,42 +1,82 @@
 import * as Cause from "effect/Cause"
 import * as Chunk from "effect/Chunk"
+import type * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
-import * as Option from "effect/Option"
 import * as Mailbox from "effect/Mailbox"
-import type * as Schedule from "effect/Schedule"
+import * as Option from "effect/Option"
+import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
-import { CommitPolicy, type PolicyContext, type PolicyError } from "../CommitPolicy.js"
+import { CommitPolicy, type PolicyContext, type PolicyError, type PolicyInstance } from "../CommitPolicy.js"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
-import { Driver, type DriverEvent, type SessionOptions } from "../Driver.js"
+import { Driver, type DriverEvent, type DriverSession, type SessionOptions } from "../Driver.js"
 import { Crashed, Faults } from "../Faults.js"
-import { type ConfigError, type DriverError, HandlerFailed } from "../KafkaError.js"
-import type { Transaction } from "../OffsetStore.js"
+import {
+  type ConfigError,
+  DriverError,
+  HandlerFailed,
+  OffsetOutOfRange,
+  PartitionsLost,
+  WorkerStuck
+} from "../KafkaError.js"
+import { Fenced } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
 import { retryAfterFailure } from "./retry.js"
+
+/** Where a partition starts when it has no position, or one outside its log. */
+export type OffsetReset = "earliest" | "latest" | "none"
 
 /** Consumer settings after validation. */
 export interface Resolved {
   readonly session: SessionOptions
   readonly bufferSize: number
   readonly revokeTimeout: Duration.Duration
+  /** The bound of each later step of a revoke: interrupting work, the final commit, `onRevoke`, the finalizers. */
+  readonly stepTimeout: Duration.Duration
   readonly retry: Schedule.Schedule<unknown, unknown>
+  readonly offsetReset: OffsetReset
+  readonly reconnectTimeout: Duration.Duration
+  readonly rejoin: boolean
 }
 
 export interface Hooks<E, R> {
   readonly onAssign?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R | Scope.Scope>
-  readonly onRevoke?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>
+  readonly onRevoke?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R | Scope.Scope>
 }
 
-export type RunError = ConfigError | DriverError | PolicyError | HandlerFailed
+export type RunError = ConfigError | PolicyError | OffsetOutOfRange | PartitionsLost | WorkerStuck
 
-/** A handler failure located at the record it failed on, so that `HandlerFailed` can name it. */
-export class RecordFailure<E> {
-  readonly _tag = "RecordFailure"
-  constructor(readonly offset: bigint, readonly error: E) {}
+/**
+ * A failure of the user's handler, wrapped where the handler is called, so that it is never taken for one of the
+ * policy's own errors (a handler may well fail with a `DriverError` of its own); `offset` locates it when known.
+ */
+export class HandlerFailure<E> {
+  constructor(readonly error: E, readonly offset: bigint | undefined) {}
+}
+
+/** The handler as the runloop calls it. */
+export type Work<E, R> = (
+  records: Chunk.Chunk<ConsumerRecord>,
+  partition: TopicPartition.TopicPartition
+) => Effect.Effect<void, HandlerFailure<E>, R>
+
+/** The session must end and a new one begin: the cluster could not be reached. */
+class Reconnect {
+  constructor(readonly cause: DriverError) {}
+}
+
+/** The session must end and a new one begin at once: the offset store fenced a unit, so a partition moved on. */
+class Rejoin {
+  constructor(readonly cause: Fenced) {}
+}
+
+interface Fetched {
+  readonly records: Chunk.Chunk<ConsumerRecord>
+  /** Where the partition continues after these records (past offsets that held nothing to read). */
+  readonly next: bigint
 }
 
 interface PartitionState {
@@ -44,10 +84,12 @@ interface PartitionState {
   readonly key: string
   readonly scope: Scope.CloseableScope
   /** Fetched chunks waiting for the worker. A mailbox: a worker that waits costs a callback, not a deferred. */
-  readonly queue: Mailbox.Mailbox<Chunk.Chunk<ConsumerRecord>>
+  readonly queue: Mailbox.Mailbox<Fetched>
   readonly lock: Effect.Semaphore
-  /** Next offset expected from a fetch; records below it (fetched before a seek) are dropped. */
+  /** Where the next fetch must start: a fetch from below it is a re-fetch (its records below are dropped). */
   next: bigint
+  /** Fetches in a row that started past `next` (a driver that skipped offsets): the partition is sought back. */
+  skips: number
   /** Records fetched and not yet handled; fetching pauses before it can pass `bufferSize`. */
   outstanding: number
   paused: boolean
@@ -55,31 +97,99 @@ interface PartitionState {
   worker: Fiber.RuntimeFiber<void> | undefined
 }
 
-const policyErrorTags = new Set(["CommitFailed", "DriverError", "Fenced", "OffsetStoreError"])
+/**
+ * `effect` for at most `duration`; past it, `None`, and the effect is interrupted without waiting for it (it may sit
+ * in an uninterruptible region; then it is left to end in the background). It runs in a fiber of its own, so that the
+ * bound holds inside a finalizer too.
+ */
+const within = <A, E, R>(effect: Effect.Effect<A, E, R>, duration: Duration.Duration) =>
+  Effect.disconnect(Effect.interruptible(Effect.timeoutOption(Effect.disconnect(effect), duration)))
 
-const isFenced = (error: unknown): boolean =>
-  typeof error === "object" && error !== null && "_tag" in error && error._tag === "Fenced"
-
-const isPolicyError = (error: unknown): boolean =>
-  typeof error === "object" && error !== null && "_tag" in error && policyErrorTags.has(String(error._tag))
+const keysOf = (states: ReadonlyArray<PartitionState>) => states.map((s) => s.key).join(", ")
 
 /**
- * Runs a consumer until it fails or is interrupted. One fiber polls the driver and owns assignment; each partition
- * has a worker fiber in a scope of its own that ends on revoke; the policy decides the commits.
+ * Runs a consumer until it fails or is interrupted. A session (one membership of the group) has one fiber that polls
+ * the driver and owns assignment; each partition has a worker fiber in a scope of its own that ends on revoke; the
+ * policy decides the commits. When the cluster cannot be reached, or a fenced unit shows that a partition moved on,
+ * the session ends and a new one begins, for as long as `reconnectTimeout` allows.
  */
 export const run = <E, R, EH, RH>(
   config: Resolved,
-  handler: (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>,
+  work: Work<E, R>,
   hooks: Hooks<EH, RH>
-): Effect.Effect<never, RunError | E | EH, Driver | CommitPolicy | Exclude<R, Transaction> | Exclude<RH, Scope.Scope>> =>
-  Effect.scoped(Effect.gen(function*() {
+): Effect.Effect<
+  never,
+  RunError | HandlerFailed<E> | EH,
+  Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>
+> =>
+  Effect.gen(function*() {
     const driver = yield* Driver
     const commitPolicy = yield* CommitPolicy
     const faults = yield* Effect.serviceOption(Faults)
-    const failure = yield* Deferred.make<never, unknown>()
-    const consumerScope = yield* Effect.scope
-    const context = yield* Effect.context<Exclude<R, Transaction> | Exclude<RH, Scope.Scope>>()
-    const session = yield* driver.connect(config.session)
+    /** Workers of revoked partitions that did not stop when interrupted, by partition. */
+    const abandoned = new Map<string, Fiber.RuntimeFiber<void>>()
+    const reconnectSchedule = Schedule.exponential(Duration.millis(100)).pipe(
+      Schedule.union(Schedule.spaced(Duration.seconds(5))),
+      Schedule.upTo(config.reconnectTimeout)
+    )
+    // One backoff per run of failed sessions; a session that polls starts the next run afresh.
+    let backoff: Schedule.ScheduleDriver<unknown, unknown> | undefined
+
+    const session = runSession(config, work, hooks, {
+      driver,
+      commitPolicy,
+      faults,
+      abandoned,
+      connected: () => {
+        backoff = undefined
+      }
+    })
+
+    const reconnect = (error: Reconnect): Effect.Effect<void, DriverError> =>
+      Effect.gen(function*() {
+        const current = backoff ?? (yield* Schedule.driver(reconnectSchedule))
+        backoff = current
+        yield* Effect.logWarning(`${error.cause.message}; reconnecting`)
+        yield* Effect.mapError(current.next(error), () => error.cause)
+      })
+
+    while (true) {
+      const failed = yield* Effect.flip(session)
+      if (failed instanceof Rejoin) {
+        yield* Effect.logWarning(`${failed.cause.message}: giving up every partition and rejoining the group`)
+        continue
+      }
+      if (failed instanceof Reconnect) {
+        yield* reconnect(failed)
+        continue
+      }
+      return yield* Effect.fail(failed)
+    }
+  })
+
+interface Environment {
+  readonly driver: Context.Tag.Service<Driver>
+  readonly commitPolicy: Context.Tag.Service<CommitPolicy>
+  readonly faults: Option.Option<Context.Tag.Service<Faults>>
+  readonly abandoned: Map<string, Fiber.RuntimeFiber<void>>
+  /** The session polled: the cluster can be reached. */
+  readonly connected: () => void
+}
+
+const runSession = <E, R, EH, RH>(
+  config: Resolved,
+  work: Work<E, R>,
+  hooks: Hooks<EH, RH>,
+  env: Environment
+): Effect.Effect<never, RunError | HandlerFailed<E> | EH | Reconnect | Rejoin, R | Exclude<RH, Scope.Scope>> =>
+  Effect.scoped(Effect.gen(function*() {
+    const { abandoned, faults } = env
+    type Failure = HandlerFailed<E> | PolicyError | OffsetOutOfRange | PartitionsLost | WorkerStuck | Rejoin | EH
+    type HookNeeds = Exclude<RH, Scope.Scope>
+    type LoopError = PolicyError | OffsetOutOfRange | WorkerStuck | PartitionsLost | EH
+    const failure = yield* Deferred.make<never, Failure>()
+    const sessionScope = yield* Effect.scope
+    const session: DriverSession = yield* env.driver.connect(config.session)
     let crashed = false
     const crashSignal = yield* Deferred.make<void>()
 
@@ -90,46 +200,43 @@ export const run = <E, R, EH, RH>(
       : <A, E1, R1>(effect: Effect.Effect<A, E1, R1>): Effect.Effect<A, E1, R1> =>
         Effect.suspend(() => crashed ? Effect.never : effect)
 
-    // Without injected faults a crash point is a constant no-op: no effect is built per chunk.
+    // Without injected faults a crash point is a constant no-op: no effect is built per chunk. A crash ends the
+    // session wherever it happens (in a worker, in the poll loop, in a bounded step of a revoke): the session's
+    // failure is completed with it at once.
     const crashAt: PolicyContext["crashAt"] = Option.isNone(faults) ? () => Effect.void : (point, partitions) =>
       Effect.suspend(() => crashed ? Effect.never : faults.value.crashAt(point, session.memberId, partitions)).pipe(
         Effect.flatMap((dies) => {
           if (!dies) return Effect.void
           crashed = true
+          const crash = new Crashed({ memberId: session.memberId, point })
           return Deferred.succeed(crashSignal, undefined).pipe(
-            Effect.zipRight(Effect.die(new Crashed({ memberId: session.memberId, point })))
+            Effect.zipRight(Deferred.die(failure, crash)),
+            Effect.zipRight(Effect.die(crash))
           )
         })
       )
 
-    const report = (cause: Cause.Cause<unknown>) =>
+    const report = (cause: Cause.Cause<Failure>) =>
       Cause.isInterruptedOnly(cause) ? Effect.void : Deferred.failCause(failure, cause)
 
     const fork = (effect: Effect.Effect<void, PolicyError>) =>
-      effect.pipe(Effect.catchAllCause(report), Effect.forkIn(consumerScope), Effect.asVoid)
+      effect.pipe(Effect.catchAllCause(report), Effect.forkIn(sessionScope), Effect.asVoid)
 
-    const policyContext: PolicyContext = { groupId: config.session.groupId, session, crashAt, guard, fork }
-    const policy = yield* commitPolicy.make(policyContext)
+    const policyContext: PolicyContext = {
+      groupId: config.session.groupId,
+      session,
+      crashAt,
+      guard,
+      fork,
+      reconnectTimeout: config.reconnectTimeout
+    }
+    const policy: PolicyInstance = yield* env.commitPolicy.make(policyContext)
     const owned = new Map<string, PartitionState>()
     const maxPoll = config.session.maxPollRecords
 
     // A failed handler is retried on the same chunk; a policy's failure (a refused commit, a fence) is not its to retry.
-    const retry = <E2, R2>(work: Effect.Effect<void, E2, R2>) =>
-      retryAfterFailure(work, { schedule: config.retry, retryable: (error) => !isPolicyError(error) })
-
-    const toHandlerFailed = (tp: TopicPartition.TopicPartition, records: Chunk.Chunk<ConsumerRecord>) =>
-    (error: unknown) => {
-      if (isPolicyError(error)) return Effect.fail(error)
-      const located = error instanceof RecordFailure
-      return Effect.fail(
-        new HandlerFailed({
-          topic: tp.topic,
-          partition: tp.partition,
-          offset: located ? error.offset : Chunk.unsafeHead(records).offset,
-          cause: located ? error.error : error
-        })
-      )
-    }
+    const retry = <E2, R2>(effect: Effect.Effect<void, E2, R2>) =>
+      retryAfterFailure(effect, { schedule: config.retry, retryable: (error) => error instanceof HandlerFailure })
 
     const maybeResume = (state: PartitionState): Effect.Effect<void> =>
       !state.paused ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
@@ -138,24 +245,43 @@ export const run = <E, R, EH, RH>(
         return guard(session.resume([state.tp]))
       }))
 
+    const failed = (
+      state: PartitionState,
+      records: Chunk.Chunk<ConsumerRecord>,
+      error: HandlerFailure<E> | PolicyError
+    ): Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin> => {
+      if (error instanceof HandlerFailure) {
+        return Effect.fail(
+          new HandlerFailed<E>({
+            topic: state.tp.topic,
+            partition: state.tp.partition,
+            offset: error.offset ?? Chunk.unsafeHead(records).offset,
+            cause: error.error
+          })
+        )
+      }
+      if (error instanceof Fenced) {
+        // A unit fenced while its partition is being revoked was rolled back, and the partition's next owner handles
+        // its records: nothing is lost, and this member goes on with its other partitions.
+        if (state.stopping) return Effect.logDebug(`${state.key}: a unit fenced during the revoke was rolled back`)
+        return Effect.fail(config.rejoin ? new Rejoin(error) : error)
+      }
+      return Effect.fail(error)
+    }
+
     // Chunks one after another, each as it was fetched. The worker takes every chunk waiting at once and handles
     // them in a loop of flatMaps rather than a generator: this runs once per chunk.
-    const worker = (state: PartitionState): Effect.Effect<void, unknown> => {
+    // Forked in the poll loop, the worker runs with the consumer's services, the handler's among them.
+    const worker = (state: PartitionState): Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin, R> => {
       const tp = state.tp
-      type Step = Effect.Effect<void, unknown, Exclude<R, Transaction>>
+      type Step = Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin, R>
       const loop: Step = Effect.flatMap(state.queue.takeAll, ([chunks, done]) => next(chunks, 0, done))
-      const next = (chunks: Chunk.Chunk<Chunk.Chunk<ConsumerRecord>>, at: number, done: boolean): Step => {
+      const next = (chunks: Chunk.Chunk<Fetched>, at: number, done: boolean): Step => {
         if (state.stopping || (done && at === Chunk.size(chunks))) return Effect.void
         if (at === Chunk.size(chunks)) return loop
-        const records = Chunk.unsafeGet(chunks, at)
-        return policy.process(tp, records, handler(records, tp), retry).pipe(
-          Effect.catchAll((error) =>
-            // A unit fenced while its partition is being revoked was rolled back, and the partition's next owner
-            // handles its records: nothing is lost, and this member goes on with its other partitions.
-            state.stopping && isFenced(error)
-              ? Effect.logDebug(`${state.key}: a unit fenced during the revoke was rolled back`)
-              : toHandlerFailed(tp, records)(error)
-          ),
+        const { next: position, records } = Chunk.unsafeGet(chunks, at)
+        return policy.process(tp, records, position, work(records, tp), retry).pipe(
+          Effect.catchAll((error) => failed(state, records, error)),
           Effect.flatMap(() => {
             state.outstanding -= Chunk.size(records)
             return state.paused
@@ -164,27 +290,74 @@ export const run = <E, R, EH, RH>(
           })
         )
       }
-      return Effect.provide(loop, context)
+      return loop
+    }
+
+    /** Where a partition starts when its position is missing or out of its log, as `offsetReset` says. */
+    const reset = (
+      tp: TopicPartition.TopicPartition,
+      position: bigint | null,
+      range: { readonly earliest: bigint; readonly latest: bigint }
+    ): Effect.Effect<bigint, OffsetOutOfRange> => {
+      if (config.offsetReset === "none") {
+        return Effect.fail(new OffsetOutOfRange({ ...tp, position, ...range }))
+      }
+      const target = config.offsetReset === "earliest" ? range.earliest : range.latest
+      if (position === null) return Effect.succeed(target)
+      return Effect.as(
+        Effect.logWarning(
+          `position ${position} of ${TopicPartition.key(tp)} is out of its log (offsets ${range.earliest} to ` +
+            `${range.latest}): starting at the ${config.offsetReset}, ${target}` +
+            (position < range.earliest ? `; ${range.earliest - position} offsets were removed unread` : "")
+        ),
+        target
+      )
+    }
+
+    const startPosition = (
+      tp: TopicPartition.TopicPartition,
+      position: bigint | undefined,
+      range: { readonly earliest: bigint; readonly latest: bigint } | undefined
+    ): Effect.Effect<bigint, OffsetOutOfRange | DriverError> => {
+      if (range === undefined) {
+        return Effect.fail(
+          new DriverError({ operation: "offsets", reason: `no offsets for ${TopicPartition.key(tp)}`, retriable: true })
+        )
+      }
+      if (position !== undefined && position >= range.earliest && position <= range.latest) {
+        return Effect.succeed(position)
+      }
+      return reset(tp, position ?? null, range)
     }
 
     const assign = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
       Effect.gen(function*() {
         const fresh = partitions.filter((tp) => !owned.has(TopicPartition.key(tp)))
         if (fresh.length === 0) return
-        const positions = yield* policy.startPositions(fresh)
+        for (const tp of fresh) {
+          const stuck = abandoned.get(TopicPartition.key(tp))
+          if (stuck === undefined) continue
+          if (Option.isNone(yield* within(Fiber.await(stuck), config.revokeTimeout))) {
+            return yield* new WorkerStuck(tp)
+          }
+          abandoned.delete(TopicPartition.key(tp))
+        }
+        const positions = yield* policy.assign(fresh)
+        const ranges = yield* session.offsets(fresh)
         // A partition paused by an earlier owner state must fetch again.
         yield* guard(session.resume(fresh))
         for (const tp of fresh) {
           const key = TopicPartition.key(tp)
-          const position = positions.get(key) ?? 0n
+          const position = yield* startPosition(tp, positions.get(key), ranges.get(key))
           yield* guard(session.seek(tp, position))
           const state: PartitionState = {
             tp,
             key,
             scope: yield* Scope.make(),
-            queue: yield* Mailbox.make<Chunk.Chunk<ConsumerRecord>>(),
+            queue: yield* Mailbox.make<Fetched>(),
             lock: yield* Effect.makeSemaphore(1),
             next: position,
+            skips: 0,
             outstanding: 0,
             paused: false,
             stopping: false,
@@ -192,7 +365,7 @@ export const run = <E, R, EH, RH>(
           }
           owned.set(key, state)
           if (hooks.onAssign !== undefined) {
-            yield* hooks.onAssign(tp).pipe(Scope.extend(state.scope), Effect.provide(context))
+            yield* hooks.onAssign(tp).pipe(Scope.extend(state.scope))
           }
           state.worker = yield* worker(state).pipe(
             Effect.catchAllCause(report),
@@ -201,32 +374,74 @@ export const run = <E, R, EH, RH>(
         }
       })
 
-    const stopWorker = (state: PartitionState) =>
+    const stopWorker = (state: PartitionState, phase: string) =>
       Effect.gen(function*() {
         state.stopping = true
         yield* state.queue.shutdown
-        if (state.worker === undefined) return
-        // Interruptible, so that the deadline holds even when this runs in a finalizer; a crash meanwhile ends the
-        // wait at once.
-        const done = yield* Effect.raceFirst(
-          Fiber.await(state.worker).pipe(Effect.asSome),
-          Deferred.await(crashSignal).pipe(Effect.as(Option.none()))
-        ).pipe(Effect.timeoutOption(config.revokeTimeout), Effect.map(Option.flatten), Effect.interruptible)
-        if (Option.isNone(done)) {
-          if (!crashed) yield* Effect.logWarning(`work on ${state.key} outlived the revoke deadline; interrupted`)
-          yield* Fiber.interrupt(state.worker)
+        const fiber = state.worker
+        if (fiber === undefined) return
+        // A crash meanwhile ends the wait at once: what the crashed member would still do never lands anyway.
+        const done = yield* within(
+          Effect.raceFirst(Fiber.await(fiber), Deferred.await(crashSignal)),
+          config.revokeTimeout
+        )
+        if (Option.isSome(done) || crashed) return
+        yield* Effect.logWarning(
+          `${phase}: the work of ${state.key} outlived revokeTimeout (${Duration.format(config.revokeTimeout)}); ` +
+            "interrupting it"
+        )
+        yield* Fiber.interruptFork(fiber)
+        if (Option.isNone(yield* within(Fiber.await(fiber), config.stepTimeout))) {
+          abandoned.set(state.key, fiber)
+          yield* Effect.logWarning(
+            `${phase}: the work of ${state.key} did not stop within ${Duration.format(config.stepTimeout)} of its ` +
+              "interruption (it is in an uninterruptible region): it is left to end on its own, and nothing it does " +
+              "is committed any more"
+          )
         }
       })
 
-    const closePartitions = (states: ReadonlyArray<PartitionState>, runHook: boolean) =>
+    const interruptWorker = (state: PartitionState, phase: string) =>
+      Effect.gen(function*() {
+        state.stopping = true
+        yield* state.queue.shutdown
+        const fiber = state.worker
+        if (fiber === undefined) return
+        yield* Fiber.interruptFork(fiber)
+        if (Option.isNone(yield* within(Fiber.await(fiber), config.stepTimeout))) {
+          abandoned.set(state.key, fiber)
+          yield* Effect.logWarning(
+            `${phase}: the work of ${state.key} did not stop within ${Duration.format(config.stepTimeout)} of its ` +
+              "interruption (it is in an uninterruptible region): it is left to end on its own"
+          )
+        }
+      })
+
+    /** `onRevoke`, then the partition's scope closes: each bounded, partitions side by side. */
+    const closePartitions = (
+      states: ReadonlyArray<PartitionState>,
+      phase: string
+    ): Effect.Effect<void, EH, HookNeeds> =>
       Effect.forEach(states, (state) =>
         Effect.gen(function*() {
-          if (runHook && hooks.onRevoke !== undefined) {
-            yield* hooks.onRevoke(state.tp).pipe(Effect.provide(context))
+          const hook = hooks.onRevoke === undefined
+            ? Exit.succeed(Option.some(undefined))
+            : yield* Effect.exit(within(Scope.extend(hooks.onRevoke(state.tp), state.scope), config.stepTimeout))
+          if (Exit.isSuccess(hook) && Option.isNone(hook.value)) {
+            yield* Effect.logWarning(
+              `${phase}: onRevoke of ${state.key} did not finish within ${Duration.format(config.stepTimeout)}; ` +
+                "going on without it"
+            )
           }
           owned.delete(state.key)
-          yield* Scope.close(state.scope, Exit.void)
-        }), { discard: true })
+          if (Option.isNone(yield* within(Scope.close(state.scope, Exit.void), config.stepTimeout))) {
+            yield* Effect.logWarning(
+              `${phase}: the finalizers of ${state.key}'s scope did not finish within ` +
+                `${Duration.format(config.stepTimeout)}; going on without them`
+            )
+          }
+          if (Exit.isFailure(hook)) return yield* hook
+        }), { concurrency: "unbounded", discard: true })
 
     const ownedStates = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
       partitions.flatMap((tp) => {
@@ -234,25 +449,39 @@ export const run = <E, R, EH, RH>(
         return state === undefined ? [] : [state]
       })
 
-    // Revoke: in-flight work ends (or is interrupted past the deadline), the final positions are committed or
-    // stored, the partition scopes close, and only then are the partitions released to the group.
-    const revoke = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+    // Revoke: in-flight work ends (or is interrupted past revokeTimeout), the final positions are committed or
+    // stored, onRevoke runs and the partition scopes close, and only then are the partitions released to the group.
+    // Every step is bounded; together they fit in rebalanceTimeout. A missed deadline is logged and the revoke goes on.
+    const revoke = (
+      partitions: ReadonlyArray<TopicPartition.TopicPartition>,
+      phase: string
+    ): Effect.Effect<void, PolicyError | EH, HookNeeds> =>
       Effect.gen(function*() {
         const states = ownedStates(partitions)
-        yield* Effect.forEach(states, stopWorker, { concurrency: "unbounded", discard: true })
-        yield* policy.revoke(states.map((s) => s.tp))
-        yield* closePartitions(states, true)
+        if (states.length === 0) return
+        yield* Effect.forEach(states, (s) => stopWorker(s, phase), { concurrency: "unbounded", discard: true })
+        if (crashed) return
+        const committed = yield* Effect.exit(within(policy.revoke(states.map((s) => s.tp)), config.stepTimeout))
+        if (Exit.isSuccess(committed) && Option.isNone(committed.value)) {
+          yield* Effect.logWarning(
+            `${phase}: the final commit of ${keysOf(states)} did not finish within ` +
+              `${Duration.format(config.stepTimeout)}; their next owner repeats what was handled since the last commit`
+          )
+        }
+        if (crashed) return
+        yield* closePartitions(states, phase)
+        if (Exit.isFailure(committed)) return yield* committed
       })
 
-    const lose = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+    const lose = (
+      partitions: ReadonlyArray<TopicPartition.TopicPartition>,
+      phase: string
+    ): Effect.Effect<void, EH, HookNeeds> =>
       Effect.gen(function*() {
         const states = ownedStates(partitions)
-        for (const state of states) {
-          state.stopping = true
-          if (state.worker !== undefined) yield* Fiber.interrupt(state.worker)
-        }
+        yield* Effect.forEach(states, (s) => interruptWorker(s, phase), { concurrency: "unbounded", discard: true })
         yield* policy.lost(states.map((s) => s.tp))
-        yield* closePartitions(states, true)
+        yield* closePartitions(states, phase)
       })
 
     const pause = (state: PartitionState) =>
@@ -264,37 +493,74 @@ export const run = <E, R, EH, RH>(
 
     // Runs when called, in the poll loop: the bookkeeping and the hand-over to the worker are synchronous, and an
     // effect is returned only for what needs one (a seek, the policy's `delivered`, a pause).
-    const enqueue = (
-      tp: TopicPartition.TopicPartition,
-      fetched: Chunk.Chunk<ConsumerRecord>
-    ): Effect.Effect<void, DriverError> => {
-      const state = owned.get(TopicPartition.key(tp))
-      if (state === undefined || state.stopping || Chunk.isEmpty(fetched)) return Effect.void
-      // A gap means the fetch did not start where this partition's position is: fetch again from there rather
-      // than skip records.
-      const first = Chunk.unsafeHead(fetched).offset
-      if (first > state.next) return guard(session.seek(tp, state.next))
-      const records = first >= state.next ? fetched : Chunk.filter(fetched, (r) => r.offset >= state.next)
+    const enqueue = (event: Extract<DriverEvent, { _tag: "Records" }>): Effect.Effect<void, DriverError> => {
+      const state = owned.get(TopicPartition.key(event.partition))
+      if (state === undefined || state.stopping) return Effect.void
+      // Offsets are not contiguous (transaction markers, aborted and compacted records): the driver says where a
+      // fetch started, and a fetch from the expected position is taken whatever its first offset. One that started
+      // past it skipped offsets: the partition is sought back, a few times, then the driver is reported broken.
+      if (event.from > state.next) {
+        state.skips++
+        if (state.skips > 3) {
+          return Effect.fail(
+            new DriverError({
+              operation: "poll",
+              reason: `fetches of ${state.key} keep starting at ${event.from}, past the position ${state.next}: ` +
+                "the driver skips offsets"
+            })
+          )
+        }
+        return Effect.zipRight(
+          Effect.logWarning(`a fetch of ${state.key} started at ${event.from}, past ${state.next}; seeking back`),
+          guard(session.seek(event.partition, state.next))
+        )
+      }
+      state.skips = 0
+      const records = event.from === state.next
+        ? event.records
+        : Chunk.filter(event.records, (r) => r.offset >= state.next)
+      if (event.next <= state.next) return Effect.void
+      state.next = event.next
       if (Chunk.isEmpty(records)) return Effect.void
-      const next = Chunk.unsafeLast(records).offset + 1n
-      state.next = next
       state.outstanding += Chunk.size(records)
-      state.queue.unsafeOffer(records)
-      const delivered = policy.delivered(tp, next)
+      state.queue.unsafeOffer({ records, next: event.next })
+      const delivered = policy.delivered(event.partition, event.next)
       if (state.paused || state.outstanding + maxPoll <= config.bufferSize) return delivered
       return delivered === Effect.void ? pause(state) : Effect.zipRight(delivered, pause(state))
     }
 
-    const handle = (event: DriverEvent) => {
+    const outOfRange = (event: Extract<DriverEvent, { _tag: "OutOfRange" }>) =>
+      Effect.gen(function*() {
+        const state = owned.get(TopicPartition.key(event.partition))
+        if (state === undefined || state.stopping) return
+        const ranges = yield* session.offsets([event.partition])
+        const range = ranges.get(state.key)
+        if (range === undefined) {
+          return yield* new DriverError({ operation: "offsets", reason: `no offsets for ${state.key}`, retriable: true })
+        }
+        const position = yield* reset(event.partition, event.position, range)
+        state.next = position
+        yield* guard(session.seek(event.partition, position))
+      })
+
+    const handle = (event: DriverEvent): Effect.Effect<void, LoopError, R | HookNeeds> => {
       switch (event._tag) {
         case "Assigned":
           return assign(event.partitions)
         case "Revoked":
-          return revoke(event.partitions).pipe(Effect.zipRight(guard(event.release)))
+          return Effect.uninterruptible(revoke(event.partitions, "revoke")).pipe(Effect.zipRight(guard(event.release)))
         case "Lost":
-          return lose(event.partitions)
+          return Effect.uninterruptible(lose(event.partitions, "lost")).pipe(
+            Effect.zipRight(
+              config.rejoin || event.partitions.length === 0
+                ? Effect.void
+                : Effect.fail(new PartitionsLost({ partitions: event.partitions }))
+            )
+          )
         case "Records":
-          return enqueue(event.partition, event.records)
+          return enqueue(event)
+        case "OutOfRange":
+          return outOfRange(event)
       }
     }
 
@@ -310,34 +576,48 @@ export const run = <E, R, EH, RH>(
       return Effect.void
     }
 
-    // Leaving cleanly revokes everything owned first, so the last positions are committed or stored. A crashed
-    // member does nothing of the sort: its workers just stop, as they would with the process.
-    // A crash during that revoke ends it at once (what the crashed member would still do never lands anyway).
+    // Leaving cleanly revokes everything owned first, so that the last positions are committed or stored. A session
+    // that ends because the cluster cannot be reached, or to rejoin, loses its partitions instead: nothing it would
+    // commit could land. A crashed member does nothing of the sort: its workers just stop, as they would with the
+    // process.
     const stopWorkers = Effect.forEach(
       owned.values(),
-      (s) => s.worker === undefined ? Effect.void : Fiber.interrupt(s.worker),
+      (s) => s.worker === undefined ? Effect.void : Fiber.interruptFork(s.worker),
       { discard: true }
     )
-    yield* Effect.addFinalizer(() =>
-      crashed ? stopWorkers : Effect.raceFirst(
-        Effect.interruptible(revoke(Array.from(owned.values(), (s) => s.tp))).pipe(
-          Effect.timeoutOption(Duration.sum(config.revokeTimeout, Duration.seconds(5))),
-          Effect.catchAllCause((cause) =>
-            Cause.isDie(cause) && Chunk.some(Cause.defects(cause), (d) => d instanceof Crashed)
-              ? Effect.void
-              : Effect.logWarning("revoke on shutdown failed", cause)
+    yield* Effect.addFinalizer((exit) =>
+      Effect.suspend(() => {
+        if (crashed) return stopWorkers
+        const all = Array.from(owned.values(), (s) => s.tp)
+        if (all.length === 0) return Effect.void
+        const leaving: Effect.Effect<void, PolicyError | EH, HookNeeds> = Exit.isFailure(exit) && Chunk.some(
+            Cause.failures(exit.cause),
+            (error) => error instanceof Rejoin || (error instanceof DriverError && error.retriable)
           )
-        ),
-        // Finalizers run uninterruptibly: the losing side of the race must be interruptible, or the race would wait
-        // for a crash that never comes.
-        Effect.interruptible(Deferred.await(crashSignal))
-      ).pipe(Effect.zipRight(Effect.suspend(() => crashed ? stopWorkers : Effect.void)))
+          ? lose(all, "rejoin")
+          : revoke(all, "shutdown")
+        return leaving.pipe(
+          Effect.catchAllCause((cause) =>
+            crashed
+              ? stopWorkers
+              : Cause.isInterruptedOnly(cause)
+              ? Effect.void
+              : Effect.logWarning("the revoke on shutdown failed; the partitions' next owners repeat what was " +
+                "handled since their last commit", cause)
+          )
+        )
+      })
     )
 
     const loop = guard(session.poll).pipe(
-      Effect.flatMap((events) => handleFrom(events, 0)),
+      Effect.flatMap((events) => {
+        env.connected()
+        return handleFrom(events, 0)
+      }),
       Effect.zipRight(policy.polled),
       Effect.forever
     )
-    return yield* Effect.raceFirst(loop, Deferred.await(failure)) as Effect.Effect<never, RunError | E | EH>
-  }))
+    return yield* Effect.raceFirst(loop, Deferred.await(failure))
+  })).pipe(
+    Effect.mapError((error) => error instanceof DriverError && error.retriable ? new Reconnect(error) : error)
+  )

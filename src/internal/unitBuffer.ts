@@ -13,6 +13,26 @@ export class UnitBuffer {
 }
 
 /**
+ * The handle of the `Transaction` service outside any unit of work: the `transactional` policy provides the service
+ * for the consumer's lifetime (so that a handler that needs it type-checks only under that policy), and each unit of
+ * work provides its own transaction over it. Using this one fails.
+ *
+ * @internal
+ */
+export class OutsideUnit {
+  constructor(readonly store: string) {}
+}
+
+/**
+ * The reason given when the `Transaction` service is used outside a unit of work.
+ *
+ * @internal
+ */
+export const outsideUnitReason =
+  "no unit of work is open: the store's transaction exists only while the handler runs on a chunk under the " +
+  "transactional policy (not in hooks, nor in fibers that outlive the handler)"
+
+/**
  * Runs `work` with a fresh `UnitBuffer` as its `Transaction` and returns its value with the appended entries. The
  * buffer closes when the work ends, so that a fiber forked by the work cannot append after the unit was decided.
  *
@@ -34,15 +54,15 @@ export const runUnit = <A, E, R>(
   })
 
 /**
- * The refusal of a unit whose stored position was `actual`, not the one it started from.
+ * The refusal of a unit whose owner epoch is no longer the partition's (`current`).
  *
  * @internal
  */
-export const fencedUnit = (unit: CommitUnit, actual: bigint | null): Fenced =>
+export const fencedUnit = (unit: CommitUnit, current: bigint | null): Fenced =>
   new Fenced({
     groupId: unit.groupId,
     topic: unit.partition.topic,
     partition: unit.partition.partition,
-    expected: unit.expected,
-    actual
+    epoch: unit.epoch,
+    currentEpoch: current
   })

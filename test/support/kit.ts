@@ -1,3 +1,5 @@
+import * as Logger from "effect/Logger"
+import * as TestClock from "effect/TestClock"
 import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
 
@@ -21,4 +23,27 @@ export const settled = <E, R>(what: string, condition: Effect.Effect<boolean, E,
       yield* Effect.yieldNow()
     }
     return yield* Effect.fail(new Error(`never happened: ${what}`))
+  })
+
+/** Collects what is logged (level and message), for tests that check a warning names what it should. */
+export const logCollector = () => {
+  const lines: Array<string> = []
+  const logger = Logger.make(({ logLevel, message }) => {
+    const text = Array.isArray(message) ? message.map(String).join(" ") : String(message)
+    lines.push(`${logLevel.label} ${text}`)
+  })
+  return { lines, layer: Logger.replace(Logger.defaultLogger, logger) }
+}
+
+/** On the `TestClock`: lets fibers run and moves the clock a second at a time until `condition` holds. */
+export const advanceUntil = <E, R>(what: string, condition: Effect.Effect<boolean, E, R>, maxSeconds = 120) =>
+  Effect.gen(function*() {
+    for (let second = 0; second <= maxSeconds; second++) {
+      for (let i = 0; i < 200; i++) {
+        if (yield* condition) return
+        yield* Effect.yieldNow()
+      }
+      yield* TestClock.adjust("1 second")
+    }
+    return yield* Effect.fail(new Error(`never happened, ${maxSeconds} seconds on: ${what}`))
   })

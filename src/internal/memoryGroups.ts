@@ -1,0 +1,197 @@
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import type { DriverEvent, SessionOptions } from "../Driver.js"
+import { CommitFailed, type CommitFailureReason } from "../KafkaError.js"
+import type * as OffsetBatch from "../OffsetBatch.js"
+import * as TopicPartition from "../TopicPartition.js"
+
+/** @internal */
+export type Assignor = "range" | "roundRobin"
+
+/**
+ * One member of a group, as the coordinator sees it, with the fetch state of its session.
+ *
+ * @internal
+ */
+export interface Member {
+  id: string
+  readonly groupId: string
+  readonly options: SessionOptions
+  /** `options.sessionTimeout` in millis, decoded once: every poll checks it. */
+  readonly sessionMillis: number
+  /** A `Partitions` subscription: assigned what it asked for, outside the group's rebalances. */
+  readonly static: boolean
+  generation: number
+  assigned: Array<TopicPartition.TopicPartition>
+  /** Fetch positions; a partition has none until the runloop seeks it. */
+  positions: Map<string, bigint>
+  /** Partitions whose position was found out of range and reported: not fetched until sought again. */
+  outOfRange: Set<string>
+  paused: Set<string>
+  pendingEvents: Array<DriverEvent>
+  awaitingRelease: boolean
+  rebalanceDeadline: number
+  lastHeartbeat: number
+  inGroup: boolean
+  dead: boolean
+  frozen: boolean
+  fetched: number
+}
+
+/** @internal */
+export interface Group {
+  readonly id: string
+  members: Array<Member>
+  generation: number
+  rebalancing: boolean
+  readonly committed: Map<string, bigint>
+  /** Commit refusals injected by a test: each refuses one commit with this reason. */
+  readonly refusals: Array<CommitFailureReason>
+}
+
+const sortPartitions = (tps: Array<TopicPartition.TopicPartition>) => tps.sort(TopicPartition.compare)
+
+/**
+ * The group coordinator: membership, eager rebalances (every member releases, then the group assigns anew), session
+ * and rebalance deadlines, committed offsets.
+ *
+ * @internal
+ */
+export const makeCoordinator = (
+  assignor: Assignor,
+  partitionsOf: (topics: ReadonlyArray<string>) => Array<TopicPartition.TopicPartition>
+) => {
+  const groups = new Map<string, Group>()
+  const members = new Map<string, Member>()
+  let memberSeq = 0
+
+  const groupOf = (id: string): Group => {
+    let group = groups.get(id)
+    if (group === undefined) {
+      group = { id, members: [], generation: 0, rebalancing: false, committed: new Map(), refusals: [] }
+      groups.set(id, group)
+    }
+    return group
+  }
+
+  const subscribes = (member: Member, topic: string) =>
+    member.options.subscription._tag === "Topics" && member.options.subscription.topics.includes(topic)
+
+  const assign = (group: Group): void => {
+    const active = group.members.filter((m) => !m.static)
+    const ids = active.map((m) => m.id).sort()
+    const byId = new Map(active.map((m) => [m.id, [] as Array<TopicPartition.TopicPartition>]))
+    const allTopics = Array.from(
+      new Set(active.flatMap((m) => m.options.subscription._tag === "Topics" ? m.options.subscription.topics : []))
+    ).sort()
+    if (assignor === "range") {
+      for (const topic of allTopics) {
+        const subscribers = ids.filter((id) => subscribes(members.get(id)!, topic))
+        const tps = partitionsOf([topic])
+        const per = Math.floor(tps.length / Math.max(1, subscribers.length))
+        const extra = tps.length % Math.max(1, subscribers.length)
+        let at = 0
+        subscribers.forEach((id, i) => {
+          const n = per + (i < extra ? 1 : 0)
+          byId.get(id)!.push(...tps.slice(at, at + n))
+          at += n
+        })
+      }
+    } else {
+      let i = 0
+      for (const tp of partitionsOf(allTopics)) {
+        for (let tries = 0; tries < ids.length; tries++) {
+          const id = ids[(i + tries) % ids.length]!
+          if (subscribes(members.get(id)!, tp.topic)) {
+            byId.get(id)!.push(tp)
+            i = (i + tries + 1) % ids.length
+            break
+          }
+        }
+      }
+    }
+    group.generation++
+    group.rebalancing = false
+    for (const m of active) {
+      const tps = sortPartitions(byId.get(m.id) ?? [])
+      m.generation = group.generation
+      m.assigned = tps
+      m.positions = new Map()
+      m.outOfRange = new Set()
+      m.paused = new Set()
+      m.pendingEvents.push({ _tag: "Assigned", partitions: tps })
+    }
+  }
+
+  const maybeCompleteRebalance = (group: Group): void => {
+    if (group.rebalancing && group.members.every((m) => m.static || !m.awaitingRelease)) assign(group)
+  }
+
+  const release = (member: Member, generation: number): boolean => {
+    if (member.dead || !member.inGroup || member.generation !== generation || !member.awaitingRelease) return false
+    member.awaitingRelease = false
+    member.assigned = []
+    member.positions = new Map()
+    maybeCompleteRebalance(groupOf(member.groupId))
+    return true
+  }
+
+  const startRebalance = (
+    group: Group,
+    now: number,
+    releaseEffect: (member: Member, generation: number) => Effect.Effect<void>
+  ) => {
+    group.rebalancing = true
+    for (const m of group.members) {
+      if (m.static) continue
+      if (m.assigned.length > 0 && !m.awaitingRelease) {
+        m.awaitingRelease = true
+        m.rebalanceDeadline = now + Duration.toMillis(m.options.rebalanceTimeout)
+        const generation = m.generation
+        const member = m
+        m.pendingEvents.push({
+          _tag: "Revoked",
+          partitions: [...m.assigned],
+          release: Effect.suspend(() => releaseEffect(member, generation))
+        })
+      }
+    }
+    maybeCompleteRebalance(group)
+  }
+
+  return { groups, members, groupOf, assign, release, startRebalance, nextMemberId: () => ++memberSeq }
+}
+
+/**
+ * Refuses a commit the way a broker and a careful client do, or returns `undefined` when it may land: an evicted
+ * member's, a stale generation's, an injected refusal, and partitions the member does not own (the broker itself
+ * would take those from a member of the current generation; refusing them keeps a late commit from moving another
+ * owner's position).
+ *
+ * @internal
+ */
+export const refuseCommit = (
+  member: Member,
+  group: Group,
+  offsets: OffsetBatch.OffsetBatch
+): CommitFailed | undefined => {
+  const all = Array.from(offsets.positions.keys(), TopicPartition.fromKey)
+  const injected = group.refusals.shift()
+  if (injected !== undefined) {
+    return new CommitFailed({ reason: injected, partitions: all, detail: "refused by InMemoryKafka.refuseCommits" })
+  }
+  if (!member.inGroup) return new CommitFailed({ reason: "UnknownMember", partitions: all, detail: member.id })
+  if (!member.static && member.generation !== group.generation) {
+    return new CommitFailed({
+      reason: "IllegalGeneration",
+      partitions: all,
+      detail: `member generation ${member.generation}, group generation ${group.generation}`
+    })
+  }
+  const owns = new Set(member.assigned.map(TopicPartition.key))
+  const foreign = all.filter((tp) => !owns.has(TopicPartition.key(tp)))
+  if (foreign.length > 0) {
+    return new CommitFailed({ reason: "NotOwned", partitions: foreign, detail: `not assigned to ${member.id}` })
+  }
+  return undefined
+}
