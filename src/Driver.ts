@@ -34,12 +34,14 @@ export type Subscription =
  *   current generation are accepted until `release`.
  * - `Lost`: the partitions are already gone (the member was evicted, e.g. its session expired); nothing may be
  *   committed for them any more.
- * - `Records`: fetched records of one partition, in offset order, never empty. They are every record this consumer
- *   may read at offsets from `from` (included) to `next` (excluded): an offset in that range that holds none of them
- *   holds nothing to read (a transaction marker, a record of an aborted transaction, a record removed by compaction).
+ * - `Records`: fetched records of one partition, in offset order. They are every record this consumer may read at
+ *   offsets from `from` (included) to `next` (excluded): an offset in that range that holds none of them holds
+ *   nothing to read (a transaction marker, a record of an aborted transaction, a record removed by compaction).
  *   After a seek to `p`, the partition's first `Records` has `from` equal to `p`; each later one starts where the one
  *   before ended (`from` equals the previous `next`). Offsets are not contiguous: a consumer must accept a first
- *   record above `from`, never treat it as a stale fetch.
+ *   record above `from`, never treat it as a stale fetch. `records` is empty when a fetch found only offsets with
+ *   nothing to read (the marker of a transaction committed after its records were fetched, an aborted transaction):
+ *   the partition's position moves on to `next` all the same, so that it can pass them.
  * - `OutOfRange`: the partition's fetch position `position` is outside its log (below its earliest offset, after
  *   retention or `deleteRecords`, or above its latest). Nothing more is fetched for the partition until it is sought.
  *

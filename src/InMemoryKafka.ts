@@ -6,6 +6,7 @@
  *
  * @since 0.1.0
  */
+import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
 import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
@@ -233,7 +234,7 @@ const makeBroker = (options: Options) =>
           continue
         }
         member.positions.set(k, fetched.next)
-        member.fetched += fetched.records.length
+        member.fetched += Chunk.size(fetched.records)
         out.push({ _tag: "Records", partition: tp, records: fetched.records, from: position, next: fetched.next })
       }
       return out

@@ -83,8 +83,9 @@ describe("logs with gaps, under every policy", () => {
           visible(yield* kafka.produceTransaction("gaps", batch(5, "committed"), "commit"), "gaps")
           yield* kafka.produceTransaction("gaps", batch(5, "aborted"), "abort")
           visible(yield* kafka.produce("gaps", batch(3, "plain")), "gaps")
-          // The log ends with a commit marker: the position must pass it.
           visible(yield* kafka.produceTransaction("gaps", batch(4, "last"), "commit"), "gaps")
+          // The log ends with an aborted transaction, nothing to read: the position must pass it.
+          yield* kafka.produceTransaction("gaps", batch(2, "aborted-last"), "abort")
         }
         for (let partition = 0; partition < 2; partition++) {
           const written = yield* kafka.produce(

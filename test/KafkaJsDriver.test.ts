@@ -6,11 +6,9 @@ import * as Layer from "effect/Layer"
 import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
 import * as Redacted from "effect/Redacted"
-import * as Schedule from "effect/Schedule"
 import { createRequire } from "node:module"
 import { inspect } from "node:util"
 import {
-  Kafka,
   KafkaJSConnectionError,
   KafkaJSGroupCoordinatorNotFound,
   KafkaJSNonRetriableError,
@@ -18,160 +16,17 @@ import {
   KafkaJSProtocolError,
   KafkaJSRequestTimeoutError,
   KafkaJSSASLAuthenticationError,
-  logLevel
 } from "kafkajs"
-import type { Admin } from "kafkajs"
 import { inject } from "vitest"
 import { Driver } from "../src/Driver.js"
 import * as KafkaJs from "../src/KafkaJs.js"
 import { ConfigError, DriverError } from "../src/KafkaError.js"
 import { commitFailed, isRetriable } from "../src/internal/kafkajs.js"
 import { ResponseTap } from "../src/internal/kafkajsWire.js"
-import { driverSuite, DriverTestKit } from "./driverSuite.js"
+import { driverSuite } from "./driverSuite.js"
+import { testKit } from "./support/kafkaKit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
-
-/** A compacted topic's settings: segments roll after 100 ms, and the cleaner takes any dirty segment at once. */
-const compactedTopic = [
-  { name: "cleanup.policy", value: "compact" },
-  { name: "segment.ms", value: "100" },
-  { name: "min.cleanable.dirty.ratio", value: "0.01" },
-  { name: "min.compaction.lag.ms", value: "0" }
-]
-
-const kafkaClient = (brokers: string) =>
-  new Kafka({ brokers: brokers.split(","), clientId: "driver-suite-kit", logLevel: logLevel.NOTHING })
-
-/** kafkajs used directly for what the library has no helper for: test-only. */
-const promise = <A>(what: string, f: () => Promise<A>) =>
-  Effect.tryPromise({ try: f, catch: (cause) => new Error(`${what} failed: ${String(cause)}`, { cause }) })
-
-const withAdmin = <A>(brokers: string, f: (admin: Admin) => Promise<A>) =>
-  Effect.acquireUseRelease(
-    Effect.sync(() => kafkaClient(brokers).admin()).pipe(
-      Effect.tap((admin) => promise("admin connect", () => admin.connect()))
-    ),
-    (admin) => promise("admin", () => f(admin)),
-    (admin) => promise("admin disconnect", () => admin.disconnect()).pipe(Effect.ignore)
-  )
-
-/** One transaction of a transactional producer, committed or aborted. */
-const transaction = (
-  brokers: string,
-  topic: string,
-  partition: number,
-  messages: ReadonlyArray<{ readonly key: string; readonly value: string }>,
-  outcome: "commit" | "abort"
-) =>
-  Effect.acquireUseRelease(
-    Effect.sync(() =>
-      kafkaClient(brokers).producer({
-        transactionalId: `driver-suite-${crypto.randomUUID()}`,
-        idempotent: true,
-        maxInFlightRequests: 1
-      })
-    ).pipe(Effect.tap((producer) => promise("producer connect", () => producer.connect()))),
-    (producer) =>
-      promise("transaction", async () => {
-        const txn = await producer.transaction()
-        try {
-          await txn.send({ topic, messages: messages.map((m) => ({ partition, key: m.key, value: m.value })) })
-        } catch (error) {
-          await txn.abort()
-          throw error
-        }
-        await (outcome === "commit" ? txn.commit() : txn.abort())
-      }),
-    (producer) => promise("producer disconnect", () => producer.disconnect()).pipe(Effect.ignore)
-  )
-
-/**
- * The keys of a partition's records below `end`, read from the beginning by a bare kafkajs consumer (read
- * committed), in offset order.
- */
-const readKeys = (brokers: string, topic: string, partition: number, end: bigint) =>
-  Effect.acquireUseRelease(
-    Effect.sync(() =>
-      kafkaClient(brokers).consumer({ groupId: `driver-suite-reader-${crypto.randomUUID()}`, maxWaitTimeInMs: 100 })
-    ),
-    (consumer) =>
-      promise("read", async () => {
-        const keys: Array<string> = []
-        await consumer.connect()
-        await consumer.subscribe({ topics: [topic], fromBeginning: true })
-        await new Promise<void>((resolve, reject) => {
-          const timer = setTimeout(() => reject(new Error(`${topic}-${partition} not read to ${end}`)), 15_000)
-          void consumer.run({
-            eachBatch: async ({ batch }) => {
-              if (batch.partition !== partition) return
-              for (const m of batch.messages) if (BigInt(m.offset) < end) keys.push(m.key?.toString() ?? "")
-              if (BigInt(batch.lastOffset()) + 1n >= end) {
-                clearTimeout(timer)
-                resolve()
-              }
-            }
-          }).catch(reject)
-        })
-        return keys
-      }),
-    (consumer) => promise("reader disconnect", () => consumer.disconnect()).pipe(Effect.ignore)
-  )
-
-/** The suite's cluster needs, on a real broker: the module's own helpers, and kafkajs where it has none. */
-const testKit = (brokers: string): Layer.Layer<DriverTestKit> =>
-  Layer.succeed(DriverTestKit, {
-    createTopic: (topic, partitions, options) =>
-      Effect.gen(function*() {
-        if (options?.compacted === true) {
-          yield* withAdmin(brokers, (admin) =>
-            admin.createTopics({
-              topics: [{ topic, numPartitions: partitions, configEntries: compactedTopic }],
-              waitForLeaders: false
-            }))
-        }
-        // Creates the topic if it is not there yet, and waits until its partitions have leaders.
-        yield* KafkaJs.createTopic(brokers, topic, partitions)
-      }),
-    produce: (topic, partition, values) =>
-      KafkaJs.produce(brokers, topic, values.map((value) => ({ partition, value, key: `${partition}` }))),
-    produceKeyed: (topic, partition, entries) =>
-      // One send per record: each is a record batch of its own, as a stream of updates would be.
-      Effect.forEach(entries, ([key, value]) => KafkaJs.produce(brokers, topic, [{ partition, key, value }]), {
-        discard: true
-      }),
-    produceTransaction: (topic, partition, values, outcome) =>
-      transaction(brokers, topic, partition, values.map((value) => ({ key: `${partition}`, value })), outcome),
-    compact: (topic) =>
-      Effect.gen(function*() {
-        const ends = yield* KafkaJs.endOffsets(brokers, topic)
-        // The log cleaner never touches the active segment: once `segment.ms` has passed, one more append rolls it.
-        // That append is an aborted transaction, which no read-committed reader sees.
-        yield* Effect.sleep("300 millis")
-        for (const [partition, end] of ends) {
-          if (end > 0n) yield* transaction(brokers, topic, partition, [{ key: "compact-roll", value: "" }], "abort")
-        }
-        for (const [partition, end] of ends) {
-          if (end === 0n) continue
-          const compacted = readKeys(brokers, topic, partition, end).pipe(
-            Effect.map((keys) => new Set(keys).size === keys.length)
-          )
-          const done = yield* compacted.pipe(
-            Effect.repeat({ schedule: Schedule.spaced("500 millis"), until: (ok) => ok }),
-            Effect.timeoutOption("60 seconds")
-          )
-          if (done._tag === "None") {
-            return yield* Effect.fail(new Error(`${topic}-${partition} was not compacted within 60 seconds`))
-          }
-        }
-      }),
-    deleteRecords: (topic, partition, before) =>
-      withAdmin(brokers, async (admin) => {
-        // kafkajs's admin finds the partition's leader in the metadata it has loaded.
-        await admin.fetchTopicMetadata({ topics: [topic] })
-        await admin.deleteTopicRecords({ topic, partitions: [{ partition, offset: before.toString() }] })
-      }),
-    endOffsets: (topic) => KafkaJs.endOffsets(brokers, topic)
-  })
 
 const SECRET = "s3cret-Pa55word-that-must-not-leak"
 

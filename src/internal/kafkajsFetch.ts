@@ -324,7 +324,9 @@ export const makeFetch = (options: FetchOptions) => {
 
   /**
    * kafkajs resolved a batch that filtering emptied (only transaction markers or aborted records) without calling
-   * `eachBatch`. It is followed when it starts where kafkajs's position is known to be; otherwise the next batch
+   * `eachBatch`. It is followed when it starts where kafkajs's position is known to be, and handed to the runloop as
+   * an empty `Records` in its place, so that the partition's position passes it (a commit marker that came after its
+   * records were fetched would otherwise hold the position back until the next record); otherwise the next batch
    * looks into it.
    */
   const emptied = (topic: string, partition: number, firstOffset: string | null, lastOffset: string) => {
@@ -333,7 +335,12 @@ export const makeFetch = (options: FetchOptions) => {
     // With no message at or after the fetch position kafkajs resolves the fetch position itself.
     const first = BigInt(firstOffset ?? lastOffset)
     if (first !== state.fetchPosition) return
-    state.fetchPosition = BigInt(lastOffset) + 1n
+    const end = BigInt(lastOffset) + 1n
+    state.fetchPosition = end
+    const entry = makeEntry(state, [], first, end, lastOffset)
+    // No `eachBatch` call waits for it.
+    entry.released = true
+    enqueue(entry)
   }
 
   /**
@@ -548,6 +555,10 @@ export const makeFetch = (options: FetchOptions) => {
               from,
               next
             })
+          } else if (entry.records.length === 0 && entry.end > from) {
+            // A batch filtering emptied: nothing to read, and the position moves past it.
+            state.position = entry.end
+            out.push({ _tag: "Records", partition: state.partition, records: Chunk.empty(), from, next: entry.end })
           }
           if (all) {
             finish(entry, "taken")

@@ -59,9 +59,10 @@ const lowerBound = (records: ReadonlyArray<ConsumerRecord>, position: bigint): n
 }
 
 /**
- * What a fetch at `position` returns: `OutOfRange` when the position is not in the log; nothing when there is no
- * record at or above it yet; else up to `max` records and the position after them. When the fetch reaches the last
- * readable record, it continues at the log's end: the offsets in between hold nothing to read.
+ * What a fetch at `position` returns: `OutOfRange` when the position is not in the log; nothing when it is at the
+ * log's end; else up to `max` records and the position after them. When the fetch reaches the last readable record,
+ * it continues at the log's end: the offsets in between hold nothing to read. A fetch that finds only such offsets
+ * (a trailing marker, an aborted transaction) returns no record and the log's end.
  *
  * @internal
  */
@@ -95,7 +96,9 @@ export const makeReader = () => {
     if (position < log.start || position > log.end) return outOfRange
     const records = log.records
     const from = lowerBound(records, position)
-    if (from >= records.length) return empty
+    if (from >= records.length) {
+      return position < log.end ? { _tag: "Records", records: Chunk.empty(), next: log.end } : empty
+    }
     const end = Math.min(from + max, records.length)
     return {
       _tag: "Records",

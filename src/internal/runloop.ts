@@ -280,7 +280,8 @@ const runSession = <E, R, EH, RH>(
         if (state.stopping || (done && at === Chunk.size(chunks))) return Effect.void
         if (at === Chunk.size(chunks)) return loop
         const { next: position, records } = Chunk.unsafeGet(chunks, at)
-        return policy.process(tp, records, position, work(records, tp), retry).pipe(
+        const handled = Chunk.isEmpty(records) ? Effect.void : work(records, tp)
+        return policy.process(tp, records, position, handled, retry).pipe(
           Effect.catchAll((error) => failed(state, records, error)),
           Effect.flatMap(() => {
             state.outstanding -= Chunk.size(records)
@@ -521,7 +522,8 @@ const runSession = <E, R, EH, RH>(
         : Chunk.filter(event.records, (r) => r.offset >= state.next)
       if (event.next <= state.next) return Effect.void
       state.next = event.next
-      if (Chunk.isEmpty(records)) return Effect.void
+      // A fetch with nothing to read (a late transaction marker, an aborted transaction) still moves the position:
+      // it goes to the worker as an empty chunk, in its place, so that the policy commits or stores it in order.
       state.outstanding += Chunk.size(records)
       state.queue.unsafeOffer({ records, next: event.next })
       const delivered = policy.delivered(event.partition, event.next)
