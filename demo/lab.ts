@@ -156,39 +156,69 @@ export interface Plan<R = never> {
 
 export type MakePlan<R> = (
   workload: Workload,
-  shouldCrash: (point: CrashPoint, partitions: ReadonlyArray<TopicPartition.TopicPartition>) => boolean,
+  shouldCrash: (point: CrashPoint, memberId: string) => boolean,
   checkpoints: Array<Checkpoint>,
-  shouldStall: () => boolean
+  zombies: Zombies
 ) => Plan<R>
+
+/**
+ * Whether the next unit of work should be a zombie's (one at a time), whose member it is, and, once the zombie has
+ * tried its commit, whether it was one.
+ */
+export interface Zombies {
+  readonly wanted: () => boolean
+  readonly stalls: (memberId: string) => void
+  readonly done: (made: boolean) => void
+}
 
 /** A short session when zombies are wanted, so that the group evicts a stalled member quickly. */
 const sessionOf = (workload: Workload): Pick<Consumer.Config, "sessionTimeout"> =>
   (workload.zombies ?? 0) > 0 ? { sessionTimeout: "400 millis" } : {}
 
 /**
- * Makes the member that owns `partition` a zombie, from inside its handler: it stops polling and heartbeating until
- * the group has evicted it and another member owns the partition (and has claimed it), then goes on, with its unit
- * of work still open.
+ * Makes the member that owns `partition` a zombie, from inside its handler, in the middle of a unit of work that
+ * started at `from`: the member stops polling and heartbeating until the group has evicted it, another member has
+ * claimed the partition and stored its way past `from`, then its handler returns and its unit goes on to commit,
+ * while the member itself stays paused a moment longer (it would otherwise learn from its next poll that it was
+ * evicted, and give the unit up before it tries to commit). The store must refuse that unit: its results are already
+ * there, from the new owner.
  */
-const stall = (groupId: string, partition: TopicPartition.TopicPartition) =>
-  Effect.gen(function*() {
-    const kafka = yield* InMemoryKafka.InMemoryKafka
-    const owns = (m: InMemoryKafka.GroupMember) =>
-      m.partitions.some((p) => p.topic === partition.topic && p.partition === partition.partition)
-    const owner = (yield* kafka.members(groupId)).find(owns)
-    if (owner === undefined) return false
-    yield* kafka.freeze(owner.memberId)
-    const movedOn = yield* kafka.members(groupId).pipe(
-      Effect.repeat({
-        schedule: Schedule.spaced("10 millis"),
-        until: (members) => members.some((m) => m.memberId !== owner.memberId && owns(m))
-      }),
-      Effect.timeoutOption("10 seconds")
+const stall = (groupId: string, partition: TopicPartition.TopicPartition, from: bigint, zombies: Zombies) =>
+  Effect.flatMap(InMemoryKafka.InMemoryKafka, (kafka) => {
+    let frozen: string | undefined
+    let handedOver = false
+    return Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const owner = (yield* kafka.members(groupId)).find((m) =>
+        m.partitions.some((p) => p.topic === partition.topic && p.partition === partition.partition)
+      )
+      if (owner === undefined) return
+      zombies.stalls(owner.memberId)
+      yield* kafka.freeze(owner.memberId)
+      frozen = owner.memberId
+      const key = `${partition.topic}-${partition.partition}`
+      const movedOn = yield* store.load(groupId, [partition]).pipe(
+        Effect.repeat({ schedule: Schedule.spaced("10 millis"), until: (at) => (at.get(key) ?? 0n) > from }),
+        Effect.timeoutOption("10 seconds")
+      )
+      // The unit commits (or is refused) while the member is still paused; the run does not end before it has.
+      handedOver = true
+      yield* Effect.forkDaemon(
+        Effect.sleep("1 second").pipe(
+          Effect.zipRight(kafka.thaw(owner.memberId)),
+          Effect.zipRight(Effect.sync(() => zombies.done(Option.isSome(movedOn))))
+        )
+      )
+    }).pipe(
+      Effect.onExit(() =>
+        handedOver
+          ? Effect.void
+          : Effect.zipRight(
+            frozen === undefined ? Effect.void : kafka.thaw(frozen),
+            Effect.sync(() => zombies.done(false))
+          )
+      )
     )
-    // The new owner claims the partition as soon as it is assigned; give it a moment to do so.
-    yield* Effect.sleep("50 millis")
-    yield* kafka.thaw(owner.memberId)
-    return Option.isSome(movedOn)
   })
 
 /** The plan for the three Kafka-committed policies: deliveries counted in the handler. */
@@ -204,7 +234,7 @@ export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) =
             ? tallyAll(tally, records)
             : Effect.zipRight(Effect.sleep(workload.handlerMillis), tallyAll(tally, records))
       ).pipe(
-        Effect.provide(Layer.merge(policy, InMemoryKafka.layerFaults((point, _, tps) => shouldCrash(point, tps))))
+        Effect.provide(Layer.merge(policy, InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))))
       ),
     positions: (groupId) => Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.committed(groupId)).pipe(Effect.flatten),
     tally: () => Effect.succeed(tally)
@@ -227,7 +257,7 @@ export const appendSink: ResultSink<OffsetStore.Results> = {
 
 /** The plan for `transactional`: deliveries are the results committed with positions in the offset store. */
 export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.OffsetStore | R> =>
-(workload, shouldCrash, checkpoints, shouldStall) => {
+(workload, shouldCrash, checkpoints, zombies) => {
   const progress = makeTally(checkpoints)
   return {
     member: (groupId, topic) =>
@@ -244,14 +274,16 @@ export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.
             ? sink.write(records)
             : Effect.zipRight(Effect.sleep(workload.handlerMillis), sink.write(records))).pipe(
             // A zombie's unit has written its results and goes on to commit after its partition has moved on.
-            Effect.zipRight(shouldStall() ? stall(groupId, partition) : Effect.void),
+            Effect.zipRight(Effect.suspend(() =>
+              zombies.wanted() ? stall(groupId, partition, Chunk.unsafeHead(records).offset, zombies) : Effect.void
+            )),
             Effect.zipRight(Effect.sync(() => (progress.delivered += Chunk.size(records)))),
             Effect.zipRight(atCheckpoint(progress))
           )
       ).pipe(
         Effect.provide(Layer.merge(
           CommitPolicy.transactional(),
-          InMemoryKafka.layerFaults((point, _, tps) => shouldCrash(point, tps))
+          InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))
         ))
       ),
     positions: (groupId, partitions) => Effect.flatMap(OffsetStore.OffsetStore, (store) => store.load(groupId, partitions)),
@@ -286,16 +318,32 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     const end = yield* kafka.endOffsets(topic)
     let crashes = 0
     const allowed = new Set(workload.crashPoints ?? crashPoints)
-    const shouldCrash = (point: CrashPoint) => {
-      if (crashes >= workload.crashes || !allowed.has(point) || rng() >= workload.crashRate) return false
+    let stalling = false
+    /** The member being made a zombie: it must live to try its commit. */
+    let zombie: string | undefined
+    const shouldCrash = (point: CrashPoint, memberId: string) => {
+      if (memberId === zombie || crashes >= workload.crashes || !allowed.has(point) || rng() >= workload.crashRate) {
+        return false
+      }
       crashes++
       return true
     }
+    // Zombies are wanted one at a time, until as many as asked for were made.
     let zombies = 0
-    const shouldStall = () => {
-      if (zombies >= (workload.zombies ?? 0) || rng() >= 0.05) return false
-      zombies++
-      return true
+    const zombieMaker = {
+      wanted: () => {
+        if (stalling || zombies >= (workload.zombies ?? 0) || rng() >= 0.05) return false
+        stalling = true
+        return true
+      },
+      stalls: (memberId: string) => {
+        zombie = memberId
+      },
+      done: (made: boolean) => {
+        stalling = false
+        zombie = undefined
+        if (made) zombies++
+      }
     }
     // Members join at a quarter and at half of the records, and one leaves at three quarters.
     const checkpoints: Array<Checkpoint> = []
@@ -309,7 +357,7 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
       }
     }
     const moves = [...checkpoints]
-    const plan: Plan<R> = (makePlan ?? (kafkaPlan as MakePlan<R>))(workload, shouldCrash, checkpoints, shouldStall)
+    const plan: Plan<R> = (makePlan ?? (kafkaPlan as MakePlan<R>))(workload, shouldCrash, checkpoints, zombieMaker)
     const partitions = end.map((_, partition) => ({ topic, partition }))
     const start = yield* Clock.currentTimeMillis
 
@@ -339,7 +387,8 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
         })
         workload.onProgress({ stored, records: workload.records, crashes, rebalances })
       }
-      return end.every((e, p) => (positions.get(`${topic}-${p}`) ?? 0n) >= e)
+      // A zombie being made still has its commit to try: the run is not over before it has.
+      return !stalling && end.every((e, p) => (positions.get(`${topic}-${p}`) ?? 0n) >= e)
     })
     let rebalances = 0
     const extras: Array<Fiber.RuntimeFiber<unknown, unknown>> = []

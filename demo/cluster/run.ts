@@ -30,6 +30,11 @@ export interface RealWorkload {
   readonly consumers: number
   /** SIGKILLs to deliver while records flow; each killed member is restarted at once. */
   readonly kills: number
+  /**
+   * Members to pause with SIGSTOP while records flow, for longer than their session, then to let go on with SIGCONT:
+   * zombies, which the group has evicted meanwhile. Default 0.
+   */
+  readonly stops?: number
   readonly seed: number
   readonly brokers: string
   readonly databaseUrl: string
@@ -193,7 +198,10 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     const chunksPerPartition = Math.max(1, Math.ceil(workload.records / workload.partitions / maxPollRecords))
     // Records must outlast the kills: each kill needs about a second and a half of flow, besides the rebalance
     // stalls, which are not counted here since nothing flows then.
-    const flowMillis = 5_000 + workload.kills * 1_500 + (workload.rebalances === true ? 20_000 : 0)
+    const stops = workload.stops ?? 0
+    const sessionTimeoutMillis = workload.sessionTimeoutMillis ?? 6_000
+    const flowMillis = 5_000 + workload.kills * 1_500 + (workload.rebalances === true ? 20_000 : 0) +
+      stops * (sessionTimeoutMillis + 6_000)
     const handlerMillis = workload.handlerMillis ?? Math.min(1_000, Math.round(flowMillis / chunksPerPartition))
 
     const sql = yield* Effect.acquireRelease(
@@ -262,7 +270,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       clientId: `${workload.policy}-${name}`,
       maxPollRecords,
       handlerMillis: disturbancesLeft > 0 ? handlerMillis : 0,
-      sessionTimeoutMillis: workload.sessionTimeoutMillis ?? 6_000,
+      sessionTimeoutMillis,
       supervised: true
     })
 
@@ -271,7 +279,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     // The handlers are paced while kills or moves remain, then the rest of the records go at full speed.
     // A pace given by the caller holds for the whole run.
     let disturbancesLeft = (workload.kills > 0 ? 1 : 0) + (workload.rebalances === true ? 1 : 0) +
-      (workload.handlerMillis === undefined ? 0 : 1)
+      (stops > 0 ? 1 : 0) + (workload.handlerMillis === undefined ? 0 : 1)
     const disturbed = Effect.sync(() => {
       disturbancesLeft--
       if (disturbancesLeft > 0) return
@@ -371,6 +379,29 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     })
     const killerFiber = yield* Effect.forkScoped(killer.pipe(Effect.catchAll((e) => Deferred.fail(failure, e))))
 
+    // Zombies: a member that owns partitions stops (SIGSTOP) for longer than its session, so that the group evicts
+    // it and moves its partitions, then goes on (SIGCONT) as if nothing had happened. It must find out, give up what
+    // it lost and rejoin, without exiting.
+    let paused = 0
+    const stopper = Effect.gen(function*() {
+      while (paused < stops) {
+        yield* Effect.sleep(500 + Math.floor(rng() * 1_500))
+        yield* waitFor(
+          "records to flow before the next stop",
+          () => Array.from(current.values()).some((m) => m.owned.size > 0 && !m.killed && !m.stopping),
+          "120 seconds"
+        )
+        const candidates = Array.from(current.values()).filter((m) => m.owned.size > 0 && !m.killed && !m.stopping)
+        const victim = candidates[Math.floor(rng() * candidates.length)]
+        if (victim === undefined) continue
+        yield* signal(victim, "SIGSTOP")
+        yield* Effect.sleep(sessionTimeoutMillis + 4_000).pipe(Effect.ensuring(signal(victim, "SIGCONT")))
+        paused++
+      }
+      if (stops > 0) yield* disturbed
+    })
+    const stopperFiber = yield* Effect.forkScoped(stopper.pipe(Effect.catchAll((e) => Deferred.fail(failure, e))))
+
     let leaving = false
     // Members join at a quarter and at half of the records; the first of them leaves again at three quarters.
     const mover = Effect.gen(function*() {
@@ -406,6 +437,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     )
     yield* Effect.raceFirst(finished, Deferred.await(failure))
     yield* Fiber.interrupt(killerFiber)
+    yield* Fiber.interrupt(stopperFiber)
     if (Option.isSome(moverFiber)) {
       // A leave that has begun is let finish, so that the member leaves cleanly.
       if (leaving) yield* Fiber.await(moverFiber.value).pipe(Effect.timeoutOption("90 seconds"))
@@ -437,7 +469,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       // kafkajs does not expose the group generation (its admin API does not return it).
       generation: 0,
       fenced,
-      zombies: 0,
+      zombies: paused,
       elapsedMillis,
       unexpectedExits,
       handlerMillis

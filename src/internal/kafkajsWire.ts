@@ -366,13 +366,13 @@ export const makeWire = (hooks: WireHooks): Wire => {
   const release = () => {
     for (const { socket, write } of held.splice(0)) {
       // A connection that closed meanwhile fails kafkajs's request on its own; nothing is left to send.
-      if (!socket.destroyed) write()
+      if (socket.writable) write()
     }
   }
 
   const heartbeat = () => {
     const current = membership
-    if (current === undefined || current.socket.destroyed || current.memberId.length === 0) return false
+    if (current === undefined || !current.socket.writable || current.memberId.length === 0) return false
     const own = taps.get(current.socket)
     if (own === undefined) return false
     const correlationId = nextCorrelationId

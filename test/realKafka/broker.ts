@@ -53,8 +53,14 @@ const alive = (pid: number) => {
 
 export interface Broker {
   readonly brokers: string
-  /** Stops the broker with SIGTERM (as a clean shutdown), then starts it again on the same data and ports. */
-  readonly restart: Effect.Effect<void, BrokerError>
+  /**
+   * Stops the broker, with SIGTERM (a clean shutdown) or SIGKILL (the process dies with whatever it had not written),
+   * keeps it down for `downMillis`, then starts it again on the same data and ports.
+   */
+  readonly restart: (options?: {
+    readonly signal?: "SIGTERM" | "SIGKILL"
+    readonly downMillis?: number
+  }) => Effect.Effect<void, BrokerError>
 }
 
 /** A broker for the scope: started on free ports, stopped (and its data deleted) when the scope closes. */
@@ -89,40 +95,42 @@ export const broker: Effect.Effect<Broker, BrokerError, Scope.Scope> = Effect.ge
       Effect.timeoutFail({ duration: deadline, onTimeout: () => new BrokerError({ message: `timed out: ${what}` }) })
     )
 
-  const restart = Effect.gen(function*() {
-    const pid = Number(fs.readFileSync(pidFile, "utf8"))
-    const argv = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter((a) => a.length > 0)
-    if (!argv.some((a) => a === "kafka.Kafka")) {
-      return yield* new BrokerError({ message: `pid ${pid} is not the broker: ${argv.join(" ")}` })
-    }
-    const before = startedCount()
-    process.kill(pid, "SIGTERM")
-    yield* waitUntil("the broker to stop", () => !alive(pid), "60 seconds").pipe(
-      Effect.catchAll(() => Effect.sync(() => alive(pid) && process.kill(pid, "SIGKILL")))
-    )
-    yield* waitUntil("the broker's process to go", () => !alive(pid), "60 seconds")
-    const out = fs.openSync(stdoutLog, "a")
-    const child = spawn(argv[0]!, argv.slice(1), { detached: true, stdio: ["ignore", out, out] })
-    fs.closeSync(out)
-    child.unref()
-    fs.writeFileSync(pidFile, String(child.pid))
-    // Stops the relaunched broker once this process is gone, as the script's own watcher did for the first one.
-    spawn(
-      "bash",
-      [
-        "-c",
-        "while kill -0 \"$1\" 2>/dev/null && kill -0 \"$2\" 2>/dev/null; do sleep 2; done; " +
-        "if kill -0 \"$2\" 2>/dev/null; then KAFKA_PORT=\"$3\" bash \"$4\" stop; fi",
-        "kafka-watch",
-        String(process.pid),
-        String(child.pid),
-        String(port),
-        script
-      ],
-      { detached: true, stdio: "ignore" }
-    ).unref()
-    yield* waitUntil("the broker to start again", () => startedCount() > before, "120 seconds")
-  })
+  const restart = (options: { readonly signal?: "SIGTERM" | "SIGKILL"; readonly downMillis?: number } = {}) =>
+    Effect.gen(function*() {
+      const pid = Number(fs.readFileSync(pidFile, "utf8"))
+      const argv = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter((a) => a.length > 0)
+      if (!argv.some((a) => a === "kafka.Kafka")) {
+        return yield* new BrokerError({ message: `pid ${pid} is not the broker: ${argv.join(" ")}` })
+      }
+      const before = startedCount()
+      process.kill(pid, options.signal ?? "SIGTERM")
+      yield* waitUntil("the broker to stop", () => !alive(pid), "60 seconds").pipe(
+        Effect.catchAll(() => Effect.sync(() => alive(pid) && process.kill(pid, "SIGKILL")))
+      )
+      yield* waitUntil("the broker's process to go", () => !alive(pid), "60 seconds")
+      if (options.downMillis !== undefined) yield* Effect.sleep(options.downMillis)
+      const out = fs.openSync(stdoutLog, "a")
+      const child = spawn(argv[0]!, argv.slice(1), { detached: true, stdio: ["ignore", out, out] })
+      fs.closeSync(out)
+      child.unref()
+      fs.writeFileSync(pidFile, String(child.pid))
+      // Stops the relaunched broker once this process is gone, as the script's own watcher did for the first one.
+      spawn(
+        "bash",
+        [
+          "-c",
+          "while kill -0 \"$1\" 2>/dev/null && kill -0 \"$2\" 2>/dev/null; do sleep 2; done; " +
+          "if kill -0 \"$2\" 2>/dev/null; then KAFKA_PORT=\"$3\" bash \"$4\" stop; fi",
+          "kafka-watch",
+          String(process.pid),
+          String(child.pid),
+          String(port),
+          script
+        ],
+        { detached: true, stdio: "ignore" }
+      ).unref()
+      yield* waitUntil("the broker to start again", () => startedCount() > before, "120 seconds")
+    })
 
   return { brokers: `127.0.0.1:${port}`, restart }
 })
