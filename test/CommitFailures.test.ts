@@ -5,18 +5,15 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
-import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
-import * as Layer from "effect/Layer"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
-import { Driver } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { CommitFailed } from "../src/KafkaError.js"
 import * as OffsetBatch from "../src/OffsetBatch.js"
-import { advanceUntil, settled } from "./support/kit.js"
+import { advanceUntil, inMemoryWrapping, settled } from "./support/kit.js"
 
 const config = { groupId: "g", topics: ["t"], maxPollRecords: 5, reconnectTimeout: "30 seconds" } as const
 
@@ -160,28 +157,12 @@ describe("refused commits", () => {
  */
 function notOwnedOnce(partition: { readonly topic: string; readonly partition: number }) {
   let refused = false
-  return Layer.scopedContext(Effect.gen(function*() {
-    const context = yield* Layer.build(InMemoryKafka.layer())
-    const driver = Context.get(context, Driver)
-    return Context.add(context, Driver, {
-      connect: (options) =>
-        Effect.map(driver.connect(options), (session) => ({
-          get memberId() {
-            return session.memberId
-          },
-          poll: session.poll,
-          commit: (offsets: OffsetBatch.OffsetBatch) =>
-            Effect.suspend(() => {
-              if (refused || OffsetBatch.get(offsets, partition) === undefined) return session.commit(offsets)
-              refused = true
-              return Effect.fail(new CommitFailed({ reason: "NotOwned", partitions: [partition] }))
-            }),
-          committed: session.committed,
-          offsets: session.offsets,
-          seek: session.seek,
-          pause: session.pause,
-          resume: session.resume
-        }))
-    })
+  return inMemoryWrapping((session) => ({
+    commit: (offsets: OffsetBatch.OffsetBatch) =>
+      Effect.suspend(() => {
+        if (refused || OffsetBatch.get(offsets, partition) === undefined) return session.commit(offsets)
+        refused = true
+        return Effect.fail(new CommitFailed({ reason: "NotOwned", partitions: [partition] }))
+      })
   }))
 }

@@ -5,7 +5,6 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
-import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -19,7 +18,7 @@ import { Driver } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { OffsetOutOfRange } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
-import { advanceUntil, logCollector, settled } from "./support/kit.js"
+import { advanceUntil, inMemoryWrapping, logCollector, settled } from "./support/kit.js"
 
 const policies = {
   atMostOnce: CommitPolicy.atMostOnce,
@@ -42,24 +41,8 @@ const positionsOf = (
 
 /** The in-memory broker with a driver that counts seeks: a consumer that seeks again and again is stuck in a loop. */
 const countingSeeks = (seeks: { count: number }) =>
-  Layer.scopedContext(Effect.gen(function*() {
-    const context = yield* Layer.build(InMemoryKafka.layer())
-    const driver = Context.get(context, Driver)
-    return Context.add(context, Driver, {
-      connect: (options) =>
-        Effect.map(driver.connect(options), (session) => ({
-          get memberId() {
-            return session.memberId
-          },
-          poll: session.poll,
-          commit: session.commit,
-          committed: session.committed,
-          offsets: session.offsets,
-          seek: (tp, position) => Effect.zipRight(Effect.sync(() => seeks.count++), session.seek(tp, position)),
-          pause: session.pause,
-          resume: session.resume
-        }))
-    })
+  inMemoryWrapping((session) => ({
+    seek: (tp, position) => Effect.zipRight(Effect.sync(() => seeks.count++), session.seek(tp, position))
   }))
 
 const key = (r: { readonly topic: string; readonly partition: number; readonly offset: bigint }) =>

@@ -5,19 +5,16 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
-import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
-import * as Layer from "effect/Layer"
 import * as TestClock from "effect/TestClock"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
-import { Driver } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { WorkerStuck } from "../src/KafkaError.js"
-import { advanceUntil, logCollector, settled } from "./support/kit.js"
+import { advanceUntil, inMemoryWrapping, logCollector, settled } from "./support/kit.js"
 
 // Steps after the wait for in-flight work get (20 - 8) / 4 = 3 seconds each.
 const config = {
@@ -46,27 +43,9 @@ const split = Effect.map(ownership, (owned) => owned.length === 2 && owned.every
 
 /** A driver whose commits never answer while `hang.on` is set, as a coordinator that stopped answering would. */
 const hangingCommits = (hang: { on: boolean }) =>
-  Layer.scopedContext(
-    Effect.gen(function*() {
-      const context = yield* Layer.build(InMemoryKafka.layer())
-      const driver = Context.get(context, Driver)
-      return Context.add(context, Driver, {
-        connect: (options) =>
-          Effect.map(driver.connect(options), (session) => ({
-            get memberId() {
-              return session.memberId
-            },
-            poll: session.poll,
-            commit: (offsets) => Effect.suspend(() => hang.on ? Effect.never : session.commit(offsets)),
-            committed: session.committed,
-            offsets: session.offsets,
-            seek: session.seek,
-            pause: session.pause,
-            resume: session.resume
-          }))
-      })
-    })
-  )
+  inMemoryWrapping((session) => ({
+    commit: (offsets) => Effect.suspend(() => hang.on ? Effect.never : session.commit(offsets))
+  }))
 
 /** Stops consumers whose shutdown waits on deadlines: the clock moves until they are gone. */
 const stop = (...fibers: ReadonlyArray<Fiber.RuntimeFiber<unknown, unknown>>) =>

@@ -375,6 +375,20 @@ const runSession = <E, R, EH, RH>(
         }
       })
 
+    /** Interrupts a worker and waits for it, bounded; one that does not stop is left behind, and remembered. */
+    const interrupt = (state: PartitionState, fiber: Fiber.RuntimeFiber<void>, phase: string) =>
+      Effect.gen(function*() {
+        yield* Fiber.interruptFork(fiber)
+        if (Option.isSome(yield* within(Fiber.await(fiber), config.stepTimeout))) return
+        abandoned.set(state.key, fiber)
+        yield* Effect.logWarning(
+          `${phase}: the work of ${state.key} did not stop within ${Duration.format(config.stepTimeout)} of its ` +
+            "interruption (it is in an uninterruptible region): it is left to end on its own, and nothing it does " +
+            "is committed any more"
+        )
+      })
+
+    /** The worker ends its current chunk, or is interrupted past revokeTimeout. */
     const stopWorker = (state: PartitionState, phase: string) =>
       Effect.gen(function*() {
         state.stopping = true
@@ -391,31 +405,15 @@ const runSession = <E, R, EH, RH>(
           `${phase}: the work of ${state.key} outlived revokeTimeout (${Duration.format(config.revokeTimeout)}); ` +
             "interrupting it"
         )
-        yield* Fiber.interruptFork(fiber)
-        if (Option.isNone(yield* within(Fiber.await(fiber), config.stepTimeout))) {
-          abandoned.set(state.key, fiber)
-          yield* Effect.logWarning(
-            `${phase}: the work of ${state.key} did not stop within ${Duration.format(config.stepTimeout)} of its ` +
-              "interruption (it is in an uninterruptible region): it is left to end on its own, and nothing it does " +
-              "is committed any more"
-          )
-        }
+        yield* interrupt(state, fiber, phase)
       })
 
+    /** The partition is gone: its worker is interrupted at once. */
     const interruptWorker = (state: PartitionState, phase: string) =>
       Effect.gen(function*() {
         state.stopping = true
         yield* state.queue.shutdown
-        const fiber = state.worker
-        if (fiber === undefined) return
-        yield* Fiber.interruptFork(fiber)
-        if (Option.isNone(yield* within(Fiber.await(fiber), config.stepTimeout))) {
-          abandoned.set(state.key, fiber)
-          yield* Effect.logWarning(
-            `${phase}: the work of ${state.key} did not stop within ${Duration.format(config.stepTimeout)} of its ` +
-              "interruption (it is in an uninterruptible region): it is left to end on its own"
-          )
-        }
+        if (state.worker !== undefined) yield* interrupt(state, state.worker, phase)
       })
 
     /** `onRevoke`, then the partition's scope closes: each bounded, partitions side by side. */

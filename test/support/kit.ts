@@ -1,7 +1,11 @@
+import * as Context from "effect/Context"
+import * as Layer from "effect/Layer"
 import * as Logger from "effect/Logger"
 import * as TestClock from "effect/TestClock"
 import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
+import { Driver, type DriverSession } from "../../src/Driver.js"
+import * as InMemoryKafka from "../../src/InMemoryKafka.js"
 
 /** Waits until `condition` holds, checking it again and again, failing after `deadline` with `what`. */
 export const eventually = <E, R>(
@@ -47,3 +51,33 @@ export const advanceUntil = <E, R>(what: string, condition: Effect.Effect<boolea
     }
     return yield* Effect.fail(new Error(`never happened, ${maxSeconds} seconds on: ${what}`))
   })
+
+/**
+ * The in-memory broker, with each session's calls passed through `wrap`: what it returns replaces the session's own
+ * (to count, hold or refuse some calls the way a client or a broker would).
+ */
+export const inMemoryWrapping = (
+  wrap: (session: DriverSession) => Partial<Omit<DriverSession, "memberId">>
+): Layer.Layer<InMemoryKafka.InMemoryKafka | Driver> =>
+  Layer.scopedContext(Effect.gen(function*() {
+    const context = yield* Layer.build(InMemoryKafka.layer())
+    const driver = Context.get(context, Driver)
+    return Context.add(context, Driver, {
+      connect: (options) =>
+        Effect.map(driver.connect(options), (session): DriverSession => {
+          const own = wrap(session)
+          return {
+            get memberId() {
+              return session.memberId
+            },
+            poll: own.poll ?? session.poll,
+            commit: own.commit ?? session.commit,
+            committed: own.committed ?? session.committed,
+            offsets: own.offsets ?? session.offsets,
+            seek: own.seek ?? session.seek,
+            pause: own.pause ?? session.pause,
+            resume: own.resume ?? session.resume
+          }
+        })
+    })
+  }))
