@@ -52,6 +52,8 @@ export interface PolicyContext {
   readonly fork: (effect: Effect.Effect<void, PolicyError>) => Effect.Effect<void>
   /** How long commits may keep failing with retriable errors before the consumer ends with the last one. */
   readonly reconnectTimeout: Duration.Duration
+  /** A batched commit with no answer within this counts as refused with reason `Timeout`. */
+  readonly commitTimeout: Duration.Duration
 }
 
 /**
@@ -161,7 +163,8 @@ export interface CommitAfterOptions {
  *
  * A refused commit is classified (see `CommitFailed`): a retriable one is retried on a schedule and its positions
  * are kept for the next commit (after `reconnectTimeout` of failing, the consumer ends); a partition the member no
- * longer owns has its position dropped, alone; a fatal refusal (not authorized, say) ends the consumer.
+ * longer owns has its position dropped, alone; a stale membership (an unknown member, an old generation) makes the
+ * member give up its partitions and rejoin; a fatal refusal (not authorized, say) ends the consumer.
  *
  * @since 0.1.0
  * @category layers

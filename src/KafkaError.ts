@@ -50,7 +50,9 @@ export class DriverError extends Schema.TaggedError<DriverError>()("DriverError"
  *   coordinator is loading, moved, or unreachable), `Timeout`, `Disconnected`, `Transient` (any other error the client
  *   marks retriable);
  * - the member no longer owns the partitions, whose positions are dropped (the next owner repeats what was handled
- *   since the last commit): `IllegalGeneration`, `UnknownMember`, `NotOwned`;
+ *   since the last commit): `NotOwned` (these partitions only: the client knows they moved), `IllegalGeneration` and
+ *   `UnknownMember` (all of them: the member's generation or member id is not the group's any more, though its client
+ *   may not know it yet, so the member gives up its partitions and rejoins; with `rejoin: false` the consumer ends);
  * - fatal, the consumer ends: `Unauthorized` (the group or the topic is not this client's to commit), `Other`.
  *
  * @since 0.1.0

@@ -85,6 +85,60 @@ describe("refused commits", () => {
       }).pipe(Effect.provide(InMemoryKafka.layer())))
   }
 
+  for (const rejoin of [true, false]) {
+    it.effect(`commitAfter: a refusal for a stale membership ${rejoin ? "makes the member rejoin at once, losing nothing" : "ends the consumer with rejoin: false"}`, () =>
+      Effect.gen(function*() {
+        const kafka = yield* InMemoryKafka.InMemoryKafka
+        yield* setup(1, 10)
+        yield* kafka.refuseCommits("g", "IllegalGeneration", 1)
+        const handled: Array<bigint> = []
+        const fiber = yield* Consumer.run({ ...config, rejoin }, (records) =>
+          Effect.sync(() => {
+            for (const r of records) handled.push(r.offset)
+          })).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "1 second" })), Effect.fork)
+        if (rejoin) {
+          const [first] = yield* Effect.repeat(kafka.members("g"), { until: (ms) => ms.length === 1 })
+          yield* advanceUntil(
+            "committed by a new member",
+            Effect.map(committed, (c) => c["t-0"] === 10n),
+            10
+          )
+          const [now] = yield* kafka.members("g")
+          assert.notStrictEqual(now!.memberId, first!.memberId, "the member did not rejoin")
+          assert.deepStrictEqual([...new Set(handled)].sort((a, b) => Number(a - b)), Array.from({ length: 10 }, (_, i) => BigInt(i)))
+          yield* Fiber.interrupt(fiber)
+        } else {
+          yield* advanceUntil("the consumer ends", Effect.map(Fiber.poll(fiber), (p) => p._tag === "Some"), 10)
+          const error = failureOf(yield* Fiber.await(fiber))
+          assert.instanceOf(error, CommitFailed)
+          if (error instanceof CommitFailed) assert.strictEqual(error.reason, "IllegalGeneration")
+        }
+      }).pipe(Effect.provide(InMemoryKafka.layer())))
+  }
+
+  it.effect("commitAfter: a commit that never answers counts as a timeout after commitTimeout; the next commit carries its positions", () => {
+    let commits = 0
+    return Effect.gen(function*() {
+      yield* setup(1, 10)
+      let handled = 0
+      const fiber = yield* Consumer.run({ ...config, commitTimeout: "2 seconds" }, (records) =>
+        Effect.sync(() => (handled += Chunk.size(records)))).pipe(
+          Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1_000, maxInterval: "1 second" })),
+          Effect.fork
+        )
+      yield* advanceUntil("committed after the hung commit", Effect.map(committed, (c) => c["t-0"] === 10n), 10)
+      // The hung one, then the one that carried its positions.
+      assert.strictEqual(commits, 2)
+      assert.strictEqual(handled, 10)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(
+      // The first commit is never answered, as one the client keeps retrying against a coordinator that is gone.
+      Effect.provide(inMemoryWrapping((session) => ({
+        commit: (offsets) => Effect.suspend(() => commits++ === 0 ? Effect.never : session.commit(offsets))
+      })))
+    )
+  })
+
   it.effect("commitAfter: a partition the member no longer owns is dropped alone; the others' positions land", () =>
     Effect.gen(function*() {
       yield* setup(2, 10)

@@ -10,7 +10,7 @@ import type * as Scope from "effect/Scope"
 import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
 import { CommitPolicy } from "../CommitPolicy.js"
 import type { DriverSession } from "../Driver.js"
-import type { CommitFailed } from "../KafkaError.js"
+import { CommitFailed } from "../KafkaError.js"
 import * as OffsetBatch from "../OffsetBatch.js"
 import { OffsetStore, Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
@@ -25,6 +25,24 @@ const persistentRetry = (deadline: Duration.Duration) =>
   Schedule.exponential(Duration.millis(100)).pipe(
     Schedule.union(Schedule.spaced(Duration.seconds(5))),
     Schedule.upTo(deadline)
+  )
+
+/**
+ * A commit bounded by `commitTimeout`: with no answer by then it counts as refused (`Timeout`), so that one commit the
+ * client keeps retrying (a coordinator that is gone) does not hold back every later position. The client may still
+ * land it later: an older position after a newer one only repeats records, it never skips one.
+ */
+const boundedCommit = (context: PolicyContext, offsets: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> =>
+  context.session.commit(offsets).pipe(
+    Effect.timeoutFail({
+      duration: context.commitTimeout,
+      onTimeout: () =>
+        new CommitFailed({
+          reason: "Timeout",
+          partitions: Array.from(offsets.positions.keys(), TopicPartition.fromKey),
+          detail: `no answer within ${Duration.format(context.commitTimeout)}`
+        })
+    })
   )
 
 /** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
@@ -73,9 +91,10 @@ const makeCommitter = (context: PolicyContext) =>
       Effect.suspend(() => {
         for (const k of positions.keys()) if (!owned.has(k)) positions.delete(k)
         if (positions.size === 0) return Effect.void
-        return retryAfterFailure(context.session.commit({ positions }), {
+        // A commit that timed out has waited long enough: its positions go with the next commit instead.
+        return retryAfterFailure(boundedCommit(context, { positions }), {
           schedule: commitRetry,
-          retryable: (error) => error.retriable
+          retryable: (error) => error.retriable && error.reason !== "Timeout"
         }).pipe(
           Effect.matchEffect({
             onSuccess: () =>
@@ -92,19 +111,28 @@ const makeCommitter = (context: PolicyContext) =>
       final: ReadonlySet<string>,
       error: CommitFailed
     ): Effect.Effect<void, CommitFailed> => {
-      if (error.notOwned) {
-        const gone = error.reason === "NotOwned" ? error.partitions.map(TopicPartition.key) : Array.from(positions.keys())
+      if (error.reason === "NotOwned") {
+        // The client knows that these partitions moved; the runloop hears of it next. The rest are committed.
+        const gone = error.partitions.map(TopicPartition.key)
         for (const k of gone) {
           positions.delete(k)
           owned.delete(k)
         }
         return Effect.zipRight(
           Effect.logInfo(
-            `positions of ${keys(gone)} dropped: this member no longer owns them (${error.reason}); their next owner ` +
-              "repeats what was handled since their last commit"
+            `positions of ${keys(gone)} dropped: this member no longer owns them; their next owner repeats what was ` +
+              "handled since their last commit"
           ),
           positions.size > 0 ? attempt(positions, final) : Effect.void
         )
+      }
+      // A stale generation or an unknown member: none of the member's partitions is its own any more, though its
+      // client may not know it yet. The consumer ends the session and rejoins (or ends), rather than go on handling
+      // records whose positions it can no longer commit.
+      if (error.notOwned) {
+        owned.clear()
+        pending = new Map()
+        return Effect.fail(error)
       }
       if (!error.retriable) return Effect.fail(error)
       return Effect.flatMap(Clock.currentTimeMillis, (now) => {
@@ -190,7 +218,7 @@ export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance
         retryable: (error) => error.retriable
       }).pipe(
         Effect.as(true),
-        Effect.catchIf((error) => error.notOwned, (error) => {
+        Effect.catchIf((error) => error.reason === "NotOwned", (error) => {
           owned.delete(TopicPartition.key(partition))
           return Effect.as(
             Effect.logInfo(

@@ -15,6 +15,7 @@ import type { ConsumerRecord } from "../ConsumerRecord.js"
 import { Driver, type DriverEvent, type DriverSession, type SessionOptions } from "../Driver.js"
 import { Crashed, Faults } from "../Faults.js"
 import {
+  CommitFailed,
   type ConfigError,
   DriverError,
   HandlerFailed,
@@ -39,6 +40,7 @@ export interface Resolved {
   readonly retry: Schedule.Schedule<unknown, unknown>
   readonly offsetReset: OffsetReset
   readonly reconnectTimeout: Duration.Duration
+  readonly commitTimeout: Duration.Duration
   readonly rejoin: boolean
 }
 
@@ -68,10 +70,18 @@ class Reconnect {
   constructor(readonly cause: DriverError) {}
 }
 
-/** The session must end and a new one begin at once: the offset store fenced a unit, so a partition moved on. */
+/**
+ * The session must end and a new one begin at once: the member's membership is stale. The offset store fenced a unit
+ * (another member claimed the partition), or the group refused a commit because the member's generation or member id
+ * is no longer the group's (evicted, or the coordinator lost track of it): the client may take long to notice.
+ */
 class Rejoin {
-  constructor(readonly cause: Fenced) {}
+  constructor(readonly cause: Fenced | CommitFailed) {}
 }
+
+/** A commit refused because the member's generation or member id is not the group's any more. */
+const staleMembership = (error: unknown): error is CommitFailed =>
+  error instanceof CommitFailed && (error.reason === "IllegalGeneration" || error.reason === "UnknownMember")
 
 interface Fetched {
   readonly records: Chunk.Chunk<ConsumerRecord>
@@ -228,7 +238,8 @@ const runSession = <E, R, EH, RH>(
       crashAt,
       guard,
       fork,
-      reconnectTimeout: config.reconnectTimeout
+      reconnectTimeout: config.reconnectTimeout,
+      commitTimeout: config.commitTimeout
     }
     const policy: PolicyInstance = yield* env.commitPolicy.make(policyContext)
     const owned = new Map<string, PartitionState>()
@@ -592,7 +603,8 @@ const runSession = <E, R, EH, RH>(
         if (all.length === 0) return Effect.void
         const leaving: Effect.Effect<void, PolicyError | EH, HookNeeds> = Exit.isFailure(exit) && Chunk.some(
             Cause.failures(exit.cause),
-            (error) => error instanceof Rejoin || (error instanceof DriverError && error.retriable)
+            (error) =>
+              error instanceof Rejoin || staleMembership(error) || (error instanceof DriverError && error.retriable)
           )
           ? lose(all, "rejoin")
           : revoke(all, "shutdown")
@@ -619,5 +631,11 @@ const runSession = <E, R, EH, RH>(
     )
     return yield* Effect.raceFirst(loop, Deferred.await(failure))
   })).pipe(
-    Effect.mapError((error) => error instanceof DriverError && error.retriable ? new Reconnect(error) : error)
+    Effect.mapError((error) =>
+      error instanceof DriverError && error.retriable
+        ? new Reconnect(error)
+        : config.rejoin && staleMembership(error)
+        ? new Rejoin(error)
+        : error
+    )
   )
