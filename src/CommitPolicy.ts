@@ -52,8 +52,6 @@ export interface PolicyContext {
   readonly fork: (effect: Effect.Effect<void, PolicyError>) => Effect.Effect<void>
   /** How long commits may keep failing with retriable errors before the consumer ends with the last one. */
   readonly reconnectTimeout: Duration.Duration
-  /** A batched commit with no answer within this counts as refused with reason `Timeout`. */
-  readonly commitTimeout: Duration.Duration
 }
 
 /**

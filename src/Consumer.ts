@@ -79,13 +79,6 @@ export interface Config {
    */
   readonly reconnectTimeout?: Duration.DurationInput
   /**
-   * Under `commitAfter` and `autoCommit`, a commit that gets no answer within this counts as refused with reason
-   * `Timeout`: its positions are kept and go with the next commit, rather than hold every later commit back while the
-   * client retries it. (Under `atMostOnce` the handler waits for its chunk's commit, as long as it takes.) Default 10
-   * seconds.
-   */
-  readonly commitTimeout?: Duration.DurationInput
-  /**
    * A member that loses its partitions without a revoke (evicted: paused past its session, say), whose unit the
    * offset store fences (another member claimed the partition), or whose commit the group refuses for a stale
    * membership (an old generation, an unknown member id), gives those partitions up and goes on in the group
@@ -183,7 +176,6 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
       })
     }
     const reconnectTimeout = yield* duration("reconnectTimeout", config.reconnectTimeout, Duration.minutes(2))
-    const commitTimeout = yield* duration("commitTimeout", config.commitTimeout, Duration.seconds(10))
     const offsetReset = config.offsetReset ?? "earliest"
     if (offsetReset !== "earliest" && offsetReset !== "latest" && offsetReset !== "none") {
       return yield* new ConfigError({
@@ -215,7 +207,6 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
         Schedule.exponential(Duration.millis(100)).pipe(Schedule.intersect(Schedule.recurs(5))),
       offsetReset,
       reconnectTimeout,
-      commitTimeout,
       rejoin: config.rejoin ?? true
     } satisfies runloop.Resolved
   })

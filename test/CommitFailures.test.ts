@@ -116,29 +116,6 @@ describe("refused commits", () => {
       }).pipe(Effect.provide(InMemoryKafka.layer())))
   }
 
-  it.effect("commitAfter: a commit that never answers counts as a timeout after commitTimeout; the next commit carries its positions", () => {
-    let commits = 0
-    return Effect.gen(function*() {
-      yield* setup(1, 10)
-      let handled = 0
-      const fiber = yield* Consumer.run({ ...config, commitTimeout: "2 seconds" }, (records) =>
-        Effect.sync(() => (handled += Chunk.size(records)))).pipe(
-          Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1_000, maxInterval: "1 second" })),
-          Effect.fork
-        )
-      yield* advanceUntil("committed after the hung commit", Effect.map(committed, (c) => c["t-0"] === 10n), 10)
-      // The hung one, then the one that carried its positions.
-      assert.strictEqual(commits, 2)
-      assert.strictEqual(handled, 10)
-      yield* Fiber.interrupt(fiber)
-    }).pipe(
-      // The first commit is never answered, as one the client keeps retrying against a coordinator that is gone.
-      Effect.provide(inMemoryWrapping((session) => ({
-        commit: (offsets) => Effect.suspend(() => commits++ === 0 ? Effect.never : session.commit(offsets))
-      })))
-    )
-  })
-
   it.effect("commitAfter: a partition the member no longer owns is dropped alone; the others' positions land", () =>
     Effect.gen(function*() {
       yield* setup(2, 10)

@@ -10,7 +10,7 @@ import type * as Scope from "effect/Scope"
 import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
 import { CommitPolicy } from "../CommitPolicy.js"
 import type { DriverSession } from "../Driver.js"
-import { CommitFailed } from "../KafkaError.js"
+import type { CommitFailed } from "../KafkaError.js"
 import * as OffsetBatch from "../OffsetBatch.js"
 import { OffsetStore, Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
@@ -25,24 +25,6 @@ const persistentRetry = (deadline: Duration.Duration) =>
   Schedule.exponential(Duration.millis(100)).pipe(
     Schedule.union(Schedule.spaced(Duration.seconds(5))),
     Schedule.upTo(deadline)
-  )
-
-/**
- * A commit bounded by `commitTimeout`: with no answer by then it counts as refused (`Timeout`), so that one commit the
- * client keeps retrying (a coordinator that is gone) does not hold back every later position. The client may still
- * land it later: an older position after a newer one only repeats records, it never skips one.
- */
-const boundedCommit = (context: PolicyContext, offsets: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> =>
-  context.session.commit(offsets).pipe(
-    Effect.timeoutFail({
-      duration: context.commitTimeout,
-      onTimeout: () =>
-        new CommitFailed({
-          reason: "Timeout",
-          partitions: Array.from(offsets.positions.keys(), TopicPartition.fromKey),
-          detail: `no answer within ${Duration.format(context.commitTimeout)}`
-        })
-    })
   )
 
 /** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
@@ -91,10 +73,9 @@ const makeCommitter = (context: PolicyContext) =>
       Effect.suspend(() => {
         for (const k of positions.keys()) if (!owned.has(k)) positions.delete(k)
         if (positions.size === 0) return Effect.void
-        // A commit that timed out has waited long enough: its positions go with the next commit instead.
-        return retryAfterFailure(boundedCommit(context, { positions }), {
+        return retryAfterFailure(context.session.commit({ positions }), {
           schedule: commitRetry,
-          retryable: (error) => error.retriable && error.reason !== "Timeout"
+          retryable: (error) => error.retriable
         }).pipe(
           Effect.matchEffect({
             onSuccess: () =>

@@ -40,7 +40,6 @@ export interface Resolved {
   readonly retry: Schedule.Schedule<unknown, unknown>
   readonly offsetReset: OffsetReset
   readonly reconnectTimeout: Duration.Duration
-  readonly commitTimeout: Duration.Duration
   readonly rejoin: boolean
 }
 
@@ -238,8 +237,7 @@ const runSession = <E, R, EH, RH>(
       crashAt,
       guard,
       fork,
-      reconnectTimeout: config.reconnectTimeout,
-      commitTimeout: config.commitTimeout
+      reconnectTimeout: config.reconnectTimeout
     }
     const policy: PolicyInstance = yield* env.commitPolicy.make(policyContext)
     const owned = new Map<string, PartitionState>()
