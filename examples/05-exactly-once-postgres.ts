@@ -1,7 +1,9 @@
 /**
  * Exactly-once with Postgres: the handler's writes and the partition's new position commit in one transaction, on
- * condition that the stored position is still the one the batch started from. A crash rolls back both; a member that
- * lost its partition is refused (`Fenced`). The increment below is not idempotent, and it need not be.
+ * condition that the partition's owner epoch is still this member's. A crash rolls back both; a member that lost its
+ * partition is refused (`Fenced`) and rejoins. The increment below is not idempotent, and it need not be. Writes go
+ * through `PgOffsetStore.query`: a failure is a typed `OffsetStoreError`, and a lost connection makes the store run
+ * the unit again.
  *
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/test npx tsx examples/05-exactly-once-postgres.ts
  */
@@ -29,10 +31,10 @@ const program = (sql: postgres.Sql) => Effect.gen(function*() {
   const allHandled = yield* Deferred.make<void>()
   const consume = Consumer.run({ groupId, topics: [topic] }, (records) =>
     Effect.gen(function*() {
-      const tx = yield* PgOffsetStore.sql // the unit of work's own transaction: the position is stored in it too
       for (const record of records) {
         const [customer, amount] = [ConsumerRecord.keyString(record), ConsumerRecord.valueString(record)]
-        yield* Effect.tryPromise(() =>
+        // In the unit of work's own transaction: the position is stored in it too.
+        yield* PgOffsetStore.query((tx) =>
           tx`insert into example_totals values (${groupId}, ${customer}, ${amount})
              on conflict (group_id, customer) do update set total = example_totals.total + excluded.total`
         )

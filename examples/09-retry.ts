@@ -40,6 +40,10 @@ const program = Effect.gen(function*() {
     retry: Schedule.exponential("100 millis").pipe(Schedule.intersect(Schedule.recurs(3)))
   }, ship).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })), Effect.flip)
   yield* Console.log(`on ${topics.where}, the consumer stopped: ${error.message}`)
+  // The handler's own error, typed, with the record it failed on.
+  if (error._tag === "HandlerFailed") {
+    yield* Console.log(`  ${error.cause._tag} at offset ${error.offset}: ${error.cause.message}`)
+  }
 })
 
 program.pipe(Effect.provide(Broker.layer), NodeRuntime.runMain)
