@@ -74,9 +74,13 @@ const defaultRetry: Schedule.Schedule<unknown, OffsetStoreError> = Schedule.expo
   Schedule.jittered
 )
 
-/** The connection object postgres.js hands to a query's `onexecute`; `onclose` is its own hook for `sql.begin`. */
+/**
+ * The connection object postgres.js hands to a query's `onexecute`. While `sql.begin` holds it for a transaction,
+ * `reserved` is the function that transaction installed; postgres.js sets it to null when the connection closes, and
+ * another transaction on the reopened connection installs its own.
+ */
 interface TrackedConnection {
-  onclose?: ((error: unknown) => void) | null | undefined
+  readonly reserved?: unknown
 }
 
 /** What a query made on the unit's transaction once it cannot be used any more fails with. */
@@ -91,16 +95,18 @@ class TransactionClosed extends Error {
 class PgTransaction {
   /** False once the work has ended. */
   open = true
-  /** Why the unit's connection is gone, once postgres.js has reported it closed. */
+  /** Why the unit's connection is gone, once the store has noticed it closed. */
   lost: unknown = undefined
   /** The last failure of the work's own statements that passes, raised through `query`. */
   transient: OffsetStoreError | undefined = undefined
-  connection: TrackedConnection | undefined = undefined
+  /** The connection of the transaction, and what marks it as held by this transaction (see `attach`). */
+  private connection: TrackedConnection | undefined = undefined
+  private holder: unknown = undefined
   readonly closed: Promise<never>
   readonly sql: postgres.ISql
   private close: (error: unknown) => void = () => {}
 
-  constructor(tx: postgres.ReservedSql) {
+  constructor(tx: postgres.TransactionSql) {
     this.closed = new Promise<never>((_, reject) => {
       this.close = reject
     })
@@ -113,17 +119,35 @@ class PgTransaction {
     this.lost = error ?? new Error("connection closed")
     this.close(this.lost)
   }
+
+  /** Given the connection once the transaction's first statement is on it. */
+  attach(connection: TrackedConnection) {
+    this.connection = connection
+    this.holder = connection.reserved
+  }
+
+  /**
+   * Whether the transaction's connection is still there, asked before anything is sent on it. postgres.js reports a
+   * closed connection to `sql.begin` a few promise turns late; a statement sent in between would be written to a
+   * socket that is gone (`socket.write` on null, thrown in a timer, which kills the process).
+   */
+  alive(): boolean {
+    if (this.lost === undefined && this.connection !== undefined && this.connection.reserved !== this.holder) {
+      this.lose(new TransactionClosed("CONNECTION_CLOSED", "the unit's connection to Postgres closed"))
+    }
+    return this.lost === undefined
+  }
 }
 
-// A ReservedSql must never send anything once its connection has closed: postgres.js would write to a socket that is
+// A transaction must never send anything once its connection has closed: postgres.js would write to a socket that is
 // gone (`socket.write` on null, thrown in a timer, which kills the process), or, if the pool has meanwhile reopened
 // the connection for someone else, into their session, outside the unit's transaction. So the handler gets it behind
 // this guard, which refuses to make a query once the connection is lost or the unit has ended.
 const QUERYING = new Set<string | symbol>(["unsafe", "file", "notify"])
 
-const guard = (tx: postgres.ReservedSql, handle: PgTransaction): postgres.ISql => {
+const guard = (tx: postgres.TransactionSql, handle: PgTransaction): postgres.ISql => {
   const check = () => {
-    if (handle.lost !== undefined) {
+    if (!handle.alive()) {
       throw new TransactionClosed(
         "CONNECTION_CLOSED",
         "the unit's connection to Postgres was lost; the store rolls the unit back and runs it again"
@@ -162,12 +186,19 @@ const decodeClaims = Schema.decodeUnknownSync(
 const decodeText = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String))))
 const decodeColumns = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.String, Schema.Boolean)))
 
-/** A unit's reserved connection, its transaction as the handler sees it, and its BEGIN on the way. */
+/**
+ * A unit's open transaction: `sql.begin`, whose callback waits until the unit decides. `finish(true)` lets it send
+ * COMMIT, `finish(false)` ROLLBACK; `outcome` is what `sql.begin` returns.
+ */
 interface Session {
-  readonly tx: postgres.ReservedSql
+  readonly tx: postgres.TransactionSql
   readonly handle: PgTransaction
-  readonly begun: Promise<unknown>
+  readonly outcome: Promise<unknown>
+  readonly finish: (commit: boolean) => void
 }
+
+/** What a unit's transaction is ended with when the unit does not commit. */
+class RolledBack extends Error {}
 
 interface Client {
   readonly sql: postgres.Sql
@@ -204,7 +235,8 @@ const errorCode = (cause: unknown): string | undefined =>
     ? cause.code
     : undefined
 
-// Codes of postgres.js and Node for a connection that could not be made or is gone.
+// Codes of postgres.js and Node for a connection that could not be made or is gone. Not among them: postgres.js's
+// CONNECTION_ENDED, which says that the client itself was ended (`sql.end()`) and will never connect again.
 const UNREACHABLE = new Set([
   "ECONNREFUSED",
   "ECONNRESET",
@@ -216,8 +248,7 @@ const UNREACHABLE = new Set([
   "ETIMEDOUT",
   "CONNECT_TIMEOUT",
   "CONNECTION_CLOSED",
-  "CONNECTION_DESTROYED",
-  "CONNECTION_ENDED"
+  "CONNECTION_DESTROYED"
 ])
 
 /** The connection is gone: connection exceptions (class 08) and the server shutting down or restarting. */
@@ -242,6 +273,15 @@ const toStoreError = (operation: string, target: string) => (cause: unknown): Of
       reason: `cannot reach Postgres at ${target} (${describe(cause)}). Start the server, on these machines with ` +
         "`pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, or set DATABASE_URL to one that " +
         "is running",
+      cause
+    })
+  }
+  if (code === "CONNECTION_ENDED") {
+    return new OffsetStoreError({
+      store: STORE,
+      operation,
+      reason: `the postgres client of the store (${target}) has been ended with sql.end(); a store given its own ` +
+        "client needs it open for as long as the store is used",
       cause
     })
   }
@@ -555,7 +595,7 @@ const make = (
      */
     const onUnit = <A>(handle: PgTransaction, run: () => Promise<A>): Effect.Effect<A, OffsetStoreError | Transient> =>
       Effect.tryPromise({
-        try: () => Promise.race([run(), handle.closed]),
+        try: () => handle.alive() ? Promise.race([run(), handle.closed]) : handle.closed,
         catch: (cause) => {
           const code = errorCode(cause)
           if (isConnectionLost(code)) handle.lose(cause)
@@ -579,7 +619,7 @@ const make = (
     // that finds the row locked (by a claim, or by another unit) waits, then checks its condition again on the row's
     // newest version: a claim that committed meanwhile is seen, and the unit is fenced. `txid_current()` names the
     // transaction, so that a COMMIT whose answer is lost with the connection can be settled (see `settle`).
-    const storePosition = (tx: postgres.ReservedSql, unit: CommitUnit) =>
+    const storePosition = (tx: postgres.TransactionSql, unit: CommitUnit) =>
       tx.unsafe(
         `update ${table} set next_offset = $4::bigint, updated_at = now()
          where group_id = $1 and topic = $2 and partition = $3::int and epoch = $5::bigint
@@ -589,7 +629,7 @@ const make = (
       ).values()
 
     const fenced = (
-      tx: postgres.ReservedSql,
+      tx: postgres.TransactionSql,
       handle: PgTransaction,
       unit: CommitUnit
     ): Effect.Effect<never, Fenced | OffsetStoreError | Transient> => {
@@ -649,54 +689,65 @@ const make = (
         }))
       ).pipe(Effect.flatMap((status) => status === "committed" ? Effect.void : Effect.fail(lost)))
 
-    // Reserving a connection can be interrupted: a connection that arrives after that goes straight back. BEGIN is
-    // sent the moment the connection is reserved, without waiting for its answer, so that postgres.js pipelines it
-    // with the work's first statement; a failed BEGIN shows in that statement too, and is reported as the cause. Its
-    // `onexecute` hands over postgres.js's connection object, whose `onclose` (the hook `sql.begin` uses) tells the
-    // unit its connection is gone.
-    const begin = `begin isolation level ${isolationLevel}`
-    const reserve = Effect.async<Session, OffsetStoreError | Transient>(
-      (resume) => {
-        let wanted = true
-        client.sql.reserve().then(
-          (tx) => {
-            if (!wanted) return tx.release()
-            const handle = new PgTransaction(tx)
-            const beginOptions: postgres.UnsafeQueryOptions & { readonly onexecute: (c: TrackedConnection) => true } = {
-              prepare: false,
-              onexecute: (connection) => {
-                handle.connection = connection
-                connection.onclose = (error) => handle.lose(error)
-                return true
-              }
+    // A unit's transaction is postgres.js's `sql.begin`, whose connection comes from the pool as any query's does, and
+    // goes back to it once the transaction ends (the pool's `reserve` loses waiting callers when a connection closes).
+    // The callback hands the transaction over and waits for the unit to decide; meanwhile the work runs on the unit's
+    // fiber. Its first statement, sent with the callback, hands over postgres.js's connection object through
+    // `onexecute`, so that the unit can tell, before sending anything, whether the connection is still its own. Waiting
+    // for BEGIN can be interrupted: a transaction that begins after that is rolled back at once.
+    const beginOptions = `isolation level ${isolationLevel}`
+    const open = Effect.async<Session, OffsetStoreError | Transient>((resume) => {
+      let wanted = true
+      let session: Session | undefined
+      const outcome = client.sql.begin(beginOptions, (tx) =>
+        new Promise<void>((resolve, reject) => {
+          const finish = (commit: boolean) => commit ? resolve() : reject(new RolledBack())
+          if (!wanted) return finish(false)
+          const handle = new PgTransaction(tx)
+          const attach: postgres.UnsafeQueryOptions & { readonly onexecute: (c: TrackedConnection) => true } = {
+            ...prepared,
+            onexecute: (connection) => {
+              handle.attach(connection)
+              return true
             }
-            const begun = Promise.race([tx.unsafe(begin, [], beginOptions).execute(), handle.closed])
-            // Its failure is read once the work has ended; this keeps it from going unhandled meanwhile.
-            begun.catch(() => undefined)
-            resume(Effect.succeed({ tx, handle, begun }))
-          },
-          (cause: unknown) => resume(Effect.fail(onPool("commit")(cause)))
-        )
-        return Effect.sync(() => {
-          wanted = false
-        })
-      }
-    )
+          }
+          // Its failure, if any, also fails the work's statements and the transaction.
+          tx.unsafe("select 1", [], attach).execute().catch(() => undefined)
+          session = { tx, handle, outcome, finish }
+          resume(Effect.succeed(session))
+        }))
+      outcome.catch((cause: unknown) => {
+        if (session === undefined) {
+          if (wanted && !(cause instanceof RolledBack)) resume(Effect.fail(onPool("commit")(cause)))
+        } else if (isConnectionLost(errorCode(cause))) {
+          session.handle.lose(cause)
+        }
+      })
+      return Effect.sync(() => {
+        wanted = false
+      })
+    })
 
-    // Gives the connection back to the pool once its transaction is over. A connection that was lost is not:
-    // postgres.js has taken it back already, and releasing it would put a closed connection in the pool.
-    const release = (tx: postgres.ReservedSql, handle: PgTransaction) => {
-      if (handle.lost !== undefined) return
-      if (handle.connection !== undefined) handle.connection.onclose = null
-      tx.release()
-    }
+    // Ends the transaction with COMMIT, unless its connection is gone: then nothing may be sent on it any more.
+    const commitSession = (session: Session): Effect.Effect<void, OffsetStoreError | Transient> =>
+      onUnit(session.handle, () => {
+        session.finish(true)
+        return session.outcome
+      }).pipe(Effect.asVoid)
 
     // Rolls back in the background if it takes longer than the bound: a rollback waits behind the statements still
-    // running on the connection.
-    const rollback = (tx: postgres.ReservedSql, handle: PgTransaction): Effect.Effect<void> =>
-      handle.lost !== undefined ? Effect.void : Effect.tryPromise(() =>
-        Promise.race([tx.unsafe("rollback"), handle.closed]).then(() => release(tx, handle))
-      ).pipe(Effect.interruptible, Effect.ignore, Effect.timeoutOption("10 seconds"), Effect.asVoid)
+    // running on the connection. A transaction whose connection is gone is left as it is: the server rolled it back.
+    const rollback = (session: Session): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        if (!session.handle.alive()) return Effect.void
+        session.finish(false)
+        return Effect.tryPromise(() => Promise.race([session.outcome, session.handle.closed])).pipe(
+          Effect.interruptible,
+          Effect.ignore,
+          Effect.timeoutOption("10 seconds"),
+          Effect.asVoid
+        )
+      })
 
     // One attempt at a unit: the work runs on this fiber, so interrupting the commit interrupts the work. The position
     // is written after the work, so that a zombie stalled in its work holds no lock on it and the partition's new
@@ -706,8 +757,9 @@ const make = (
       work: Effect.Effect<A, E, R>
     ): Effect.Effect<A, E | Fenced | OffsetStoreError | Transient, Exclude<R, Transaction>> =>
       Effect.uninterruptibleMask((restore) =>
-        Effect.flatMap(restore(reserve), ({ begun, handle, tx }) =>
-          restore(Effect.gen(function*() {
+        Effect.flatMap(restore(open), (session) => {
+          const { handle, tx } = session
+          return restore(Effect.gen(function*() {
             const exit = yield* Effect.exit(
               Effect.provideService(work, Transaction, { store: STORE, handle }).pipe(
                 Effect.ensuring(Effect.sync(() => {
@@ -716,8 +768,7 @@ const make = (
               )
             )
             const interrupted = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause)
-            if (handle.lost !== undefined && !interrupted) return yield* lostConnection(handle)
-            yield* onUnit(handle, () => begun)
+            if (!handle.alive() && !interrupted) return yield* lostConnection(handle)
             if (Exit.isFailure(exit)) {
               if (handle.transient !== undefined && !interrupted) {
                 return yield* new Transient({ error: handle.transient })
@@ -729,17 +780,14 @@ const make = (
             const xid = stored[0][0] ?? ""
             // Once COMMIT is sent, its answer is awaited: an interruption now could not undo it.
             yield* Effect.uninterruptible(
-              onUnit(handle, () => tx.unsafe("commit")).pipe(
+              commitSession(session).pipe(
                 Effect.catchIf(isTransientError, (transient) =>
                   handle.lost === undefined ? Effect.fail(transient) : settle(xid, transient))
               )
             )
             return exit.value
-          })).pipe(
-            Effect.onExit((exit) =>
-              Exit.isSuccess(exit) ? Effect.sync(() => release(tx, handle)) : rollback(tx, handle)
-            )
-          ))
+          })).pipe(Effect.onExit((exit) => Exit.isSuccess(exit) ? Effect.void : rollback(session)))
+        })
       )
 
     // A unit whose failure passes is run again whole: its writes were rolled back, and the work is an effect.

@@ -316,3 +316,75 @@ describe("transactional with a position hint for Kafka", () => {
       yield* Fiber.interrupt(fiber)
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
 })
+
+describe("Postgres connections lost while records flow", () => {
+  // What a server restart does to a client: every backend ends with "terminating connection due to administrator
+  // command" (57P01), in the middle of whatever it was doing. Here only this test's own backends are ended, again and
+  // again while units run, so that the other tests sharing the server are left alone.
+  it.live("the consumer carries on, and every record's result is stored exactly once", () =>
+    Effect.gen(function*() {
+      yield* pgReady
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const applicationName = `eos-lost-${run}`
+      const client = yield* Effect.acquireRelease(
+        Effect.sync(() => postgres(url, { onnotice: () => {}, max: 4, connection: { application_name: applicationName } })),
+        (sql) => Effect.promise(() => sql.end({ timeout: 1 }))
+      )
+      const topic = `lost-${crypto.randomUUID().slice(0, 6)}`
+      const groupId = `${topic}-group`
+      const total = 3_000
+      yield* kafka.createTopic(topic, 3)
+      yield* kafka.produce(topic, Array.from({ length: total }, (_, i) => ({ value: String(i), partition: i % 3 })))
+      const written = Effect.tryPromise(() =>
+        admin`select count(*)::int as n from ${admin(resultsTable)} where group_id = ${groupId}`
+      ).pipe(Effect.map((rows) => Number(rows[0].n)))
+
+      let handled = 0
+      const consumer = yield* Consumer.run(
+        { groupId, topics: [topic], maxPollRecords: 20 },
+        (records) =>
+          // Each unit also sleeps a little on the server, so that the terminations land inside units.
+          Effect.sync(() => {
+            handled += Chunk.size(records)
+          }).pipe(Effect.zipRight(PgOffsetStore.query((tx) =>
+            tx`insert into ${tx(resultsTable)} ${
+              tx(Chunk.toReadonlyArray(Chunk.map(records, (r) => ({ group_id: groupId, record: recordKey(r) }))))
+            }`.then(() => tx`select pg_sleep(0.005)`)
+          )))
+      ).pipe(
+        Effect.provide(CommitPolicy.transactional()),
+        Effect.provide(PgOffsetStore.layer({ sql: client, table: offsetsTable, migrate: true })),
+        Effect.fork
+      )
+
+      // Ten times: once more results have landed, end every backend of the consumer's client.
+      let terminated = 0
+      for (let round = 1; round <= 10; round++) {
+        yield* eventually(`${round * 200} results`, Effect.map(written, (n) => n >= round * 200), "60 seconds")
+        const rows = yield* Effect.tryPromise(() =>
+          admin`select count(*) filter (where pg_terminate_backend(pid))::int as n
+                from pg_stat_activity where application_name = ${applicationName}`
+        )
+        terminated += Number(rows[0].n)
+        assert.isTrue((yield* Fiber.poll(consumer))._tag === "None", `the consumer ended after round ${round}`)
+      }
+      yield* eventually(`all ${total} results`, Effect.map(written, (n) => n >= total), "60 seconds")
+
+      const results = yield* Effect.tryPromise(() =>
+        admin`select record from ${admin(resultsTable)} where group_id = ${groupId}`
+      ).pipe(Effect.map((rows) => rows.map((r) => String(r.record))))
+      const positions = yield* OffsetStore.OffsetStore.pipe(
+        Effect.flatMap((store) => store.load(groupId, [0, 1, 2].map((partition) => ({ topic, partition })))),
+        Effect.provide(PgOffsetStore.layer({ sql: client, table: offsetsTable }))
+      )
+      assert.isTrue((yield* Fiber.poll(consumer))._tag === "None", "the consumer ended")
+      yield* Fiber.interrupt(consumer)
+      // Every round ended at least one backend that the consumer was using or had open.
+      assert.isAtLeast(terminated, 10)
+      // Units were cut off in the middle, rolled back and run again: records were handled more often than stored.
+      assert.isAbove(handled, total, "no unit was run again")
+      assert.strictEqual(results.length, total, "results stored")
+      assert.strictEqual(new Set(results).size, total, "distinct results")
+      assert.deepStrictEqual([...positions.values()], [1_000n, 1_000n, 1_000n])
+    }).pipe(Effect.scoped, Effect.provide(InMemoryKafka.layer())), { timeout: 180_000 })
+})

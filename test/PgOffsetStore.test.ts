@@ -47,9 +47,36 @@ const client = (options: Partial<postgres.Options<{}>> = {}, target = url) =>
     (sql) => Effect.tryPromise(() => sql.end({ timeout: 1 })).pipe(Effect.ignore)
   )
 
+/** The statement a frontend message runs: a simple query's text, or a Parse's name and text, or a Bind's statement. */
+const frontendMessages = function*(buffer: Buffer): Generator<
+  | { readonly type: "query"; readonly text: string }
+  | { readonly type: "parse"; readonly name: string; readonly text: string }
+  | { readonly type: "bind"; readonly statement: string }
+  | { readonly type: "other" }
+> {
+  const cstring = (at: number) => {
+    const end = buffer.indexOf(0, at)
+    return { text: buffer.toString("utf8", at, end), next: end + 1 }
+  }
+  let at = 0
+  while (at + 5 <= buffer.length) {
+    const type = buffer[at]
+    const length = buffer.readInt32BE(at + 1)
+    const body = at + 5
+    if (type === 0x51) yield { type: "query", text: cstring(body).text }
+    else if (type === 0x50) {
+      const name = cstring(body)
+      yield { type: "parse", name: name.text, text: cstring(name.next).text }
+    } else if (type === 0x42) yield { type: "bind", statement: cstring(cstring(body).next).text }
+    else yield { type: "other" }
+    at += 1 + length
+  }
+}
+
 /**
  * A TCP proxy in front of Postgres that, once armed, drops a connection just after the server answered its COMMIT:
- * the transaction committed, and the client never hears it.
+ * the transaction committed, and the client never hears it. COMMIT is recognised whether it is sent as a simple query
+ * or through the extended protocol (a Parse of `commit`, or a Bind of a statement parsed as `commit` before).
  */
 const commitDroppingProxy = Effect.gen(function*() {
   const upstreamAddress = new URL(url)
@@ -59,13 +86,24 @@ const commitDroppingProxy = Effect.gen(function*() {
       const server = net.createServer((downstream) => {
         const upstream = net.connect(Number(upstreamAddress.port || 5432), upstreamAddress.hostname)
         let committing = false
+        let startup = true
+        const commits = new Set<string>()
         const close = () => {
           downstream.destroy()
           upstream.destroy()
         }
         downstream.on("data", (chunk: Buffer) => {
-          // A simple-protocol query message: 'Q', its length, then the statement.
-          if (state.armed && chunk[0] === 0x51 && chunk.toString("utf8", 5, 11) === "commit") committing = true
+          // The first message (startup, or an SSL request) has no type byte.
+          if (startup) startup = false
+          else {
+            for (const message of frontendMessages(chunk)) {
+              const isCommit = (message.type === "query" && message.text.trim().toLowerCase() === "commit") ||
+                (message.type === "parse" && message.text.trim().toLowerCase() === "commit") ||
+                (message.type === "bind" && commits.has(message.statement))
+              if (message.type === "parse" && isCommit) commits.add(message.name)
+              if (state.armed && isCommit) committing = true
+            }
+          }
           upstream.write(chunk)
         })
         upstream.on("data", (chunk: Buffer) => {
@@ -222,10 +260,10 @@ const terminate = (pid: number) =>
  * A store on a client of its own, whose lost connections the test can wait for (postgres.js has noticed the loss
  * once `closed` has an element), retrying quickly.
  */
-const storeOnOwnClient = (options: Partial<PgOffsetStore.Options> = {}, target = url) =>
+const storeOnOwnClient = (options: Partial<PgOffsetStore.Options> = {}, target = url, max = 2) =>
   Effect.gen(function*() {
     const closed = yield* Queue.unbounded<number>()
-    const sql = yield* client({ max: 2, onclose: (id) => Queue.unsafeOffer(closed, id) }, target)
+    const sql = yield* client({ max, onclose: (id) => Queue.unsafeOffer(closed, id) }, target)
     const store = yield* Layer.build(
       PgOffsetStore.layer({ sql, table, retry: Schedule.spaced("20 millis"), retryFor: "10 seconds", ...options })
     ).pipe(Effect.map(Context.get(OffsetStore.OffsetStore)))
@@ -271,6 +309,20 @@ describe("PgOffsetStore", () => {
       assert.include(error.message, "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start")
       assert.include(error.message, "DATABASE_URL")
     }))
+
+  it.live("fails at once, saying so, when the client it was given has been ended", () =>
+    Effect.gen(function*() {
+      const sql = postgres(url, { onnotice: () => {}, max: 1 })
+      const store = yield* Layer.build(
+        PgOffsetStore.layer({ sql, table, migrate: true, retry: Schedule.spaced("20 millis"), retryFor: "10 seconds" })
+      ).pipe(Effect.map(Context.get(OffsetStore.OffsetStore)))
+      yield* Effect.promise(() => sql.end({ timeout: 1 }))
+      const error = yield* store.load(newGroup(), [orders0]).pipe(Effect.flip)
+      assert.instanceOf(error, OffsetStore.OffsetStoreError)
+      // Not retried: an ended client never connects again.
+      assert.notInclude(error.message, "still failing")
+      assert.include(error.message, "has been ended with sql.end()")
+    }).pipe(Effect.scoped))
 
   it.live("reads the connection URL from DATABASE_URL", () =>
     Effect.gen(function*() {
@@ -674,6 +726,88 @@ describe("PgOffsetStore", () => {
           assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a", "b", "c"])
         }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
     }
+
+    it.live("refuses a statement sent the moment the connection closed, before postgres.js has told the unit", () =>
+      Effect.gen(function*() {
+        // The client's `onclose` runs inside postgres.js's own handling of the closed socket, before the transaction
+        // has heard of it. A statement sent there would be written to a socket that is gone, in a timer, and the
+        // uncaught TypeError would end the process.
+        let probe: (() => void) | undefined
+        const outcome = yield* Deferred.make<string>()
+        const sql = yield* client({ max: 2, onclose: () => probe?.() })
+        const store = yield* Layer.build(
+          PgOffsetStore.layer({ sql, table, retry: Schedule.spaced("20 millis"), retryFor: "10 seconds" })
+        ).pipe(Effect.map(Context.get(OffsetStore.OffsetStore)))
+        const groupId = newGroup()
+        const epoch = yield* epochOf(store, groupId)
+        const attempts = yield* Ref.make(0)
+        yield* within(
+          "the unit",
+          store.commit(
+            { groupId, partition: orders0, epoch, next: 1n },
+            Effect.gen(function*() {
+              const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+              if (attempt === 1) {
+                const tx = yield* PgOffsetStore.sql
+                probe = () => {
+                  probe = undefined
+                  try {
+                    tx`select 1`.execute().catch(() => undefined)
+                    Deferred.unsafeDone(outcome, Effect.succeed("sent"))
+                  } catch (error) {
+                    Deferred.unsafeDone(outcome, Effect.succeed(`refused: ${String(error)}`))
+                  }
+                }
+                yield* Effect.flatMap(backendPid, terminate)
+                yield* within("the probe", Deferred.await(outcome))
+              }
+              yield* insertResults(groupId, orders0, ["a"])
+            })
+          )
+        )
+        assert.match(yield* Deferred.await(outcome), /^refused: TransactionClosed: the unit's connection to Postgres was lost/)
+        assert.strictEqual(yield* Ref.get(attempts), 2)
+        assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a"])
+      }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+
+    it.live("a unit waiting for a connection gets one, though the connection it waited for was lost", () =>
+      Effect.gen(function*() {
+        // One connection: B waits for it while A holds it, and A's connection is then lost.
+        const { store } = yield* storeOnOwnClient({}, url, 1)
+        const groupA = newGroup()
+        const groupB = newGroup()
+        const epochA = yield* epochOf(store, groupA)
+        const epochB = yield* epochOf(store, groupB)
+        const aHolds = yield* Deferred.make<number>()
+        const bDone = yield* Deferred.make<void>()
+        const attemptsA = yield* Ref.make(0)
+        const a = yield* store.commit(
+          { groupId: groupA, partition: orders0, epoch: epochA, next: 1n },
+          Effect.gen(function*() {
+            const attempt = yield* Ref.updateAndGet(attemptsA, (n) => n + 1)
+            yield* insertResults(groupA, orders0, ["a"])
+            if (attempt === 1) {
+              yield* Deferred.succeed(aHolds, yield* backendPid)
+              yield* Deferred.await(bDone)
+            }
+          })
+        ).pipe(Effect.fork)
+        const pid = yield* Deferred.await(aHolds)
+        const b = yield* store.commit(
+          { groupId: groupB, partition: orders0, epoch: epochB, next: 1n },
+          insertResults(groupB, orders0, ["b"])
+        ).pipe(Effect.fork)
+        yield* eventually("B to wait", Effect.map(Fiber.status(b), (status) => status._tag === "Suspended"))
+        yield* terminate(pid)
+        yield* Effect.timeoutFail(Fiber.join(b), {
+          duration: "5 seconds",
+          onTimeout: () => new Error("B never got a connection")
+        })
+        yield* Deferred.succeed(bDone, undefined)
+        yield* within("A's second attempt", Fiber.join(a))
+        assert.deepStrictEqual(yield* readResults(groupA, orders0), ["a"])
+        assert.deepStrictEqual(yield* readResults(groupB, orders0), ["b"])
+      }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
 
     it.live("after the work ended, does not store the position on it: runs the unit again", () =>
       Effect.gen(function*() {
