@@ -12,6 +12,7 @@ import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
@@ -21,8 +22,11 @@ import { Driver, type DriverEvent, type DriverSession, type PartitionOffsets, ty
 import { type CrashPoint, Faults } from "./Faults.js"
 import * as groups from "./internal/memoryGroups.js"
 import * as memoryLog from "./internal/memoryLog.js"
-import { CommitFailed, type CommitFailureReason, ConfigError, DriverError } from "./KafkaError.js"
+import { partitionOfKey } from "./internal/murmur2.js"
+import * as producer from "./internal/producer.js"
+import { CommitFailed, type CommitFailureReason, ConfigError, DriverError, ProduceFailed } from "./KafkaError.js"
 import * as OffsetBatch from "./OffsetBatch.js"
+import { Producer, type Settings as ProducerSettings } from "./Producer.js"
 import * as TopicPartition from "./TopicPartition.js"
 
 /**
@@ -36,6 +40,8 @@ export interface ProducerRecord {
   readonly value: Uint8Array | string | null
   readonly partition?: number
   readonly headers?: Readonly<Record<string, Uint8Array | string>>
+  /** Milliseconds since the epoch; default: the broker's clock when it is written. */
+  readonly timestamp?: number
 }
 
 /**
@@ -130,15 +136,6 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
 
 const encoder = new TextEncoder()
 const bytes = (value: Uint8Array | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
-
-const hashBytes = (value: Uint8Array): number => {
-  let h = 0x811c9dc5
-  for (let i = 0; i < value.length; i++) {
-    h ^= value[i]!
-    h = Math.imul(h, 0x01000193)
-  }
-  return h >>> 0
-}
 
 /**
  * Builds the broker's state and its operations. Exposed through `layer`.
@@ -471,7 +468,7 @@ const makeBroker = (options: Options) =>
         const count = topic.partitions.length
         for (const r of records) {
           const key = r.key === undefined || r.key === null ? null : bytes(r.key)
-          const partition = r.partition ?? (key !== null ? hashBytes(key) % count : roundRobin++ % count)
+          const partition = r.partition ?? (key !== null ? partitionOfKey(key, count) : roundRobin++ % count)
           if (!Number.isInteger(partition) || partition < 0 || partition >= count) {
             return Effect.fail(
               new DriverError({ operation, reason: `topic "${topic.name}" has no partition ${partition}` })
@@ -485,7 +482,8 @@ const makeBroker = (options: Options) =>
             list = []
             byPartition.set(partition, list)
           }
-          list.push((offset) => ({ topic: topic.name, partition, offset, key, value, headers, timestamp: now }))
+          const timestamp = r.timestamp ?? now
+          list.push((offset) => ({ topic: topic.name, partition, offset, key, value, headers, timestamp }))
           order.push(partition)
         }
         return Effect.succeed({ byPartition, order })
@@ -691,4 +689,57 @@ export const committed = (groupId: string): Effect.Effect<OffsetBatch.OffsetBatc
   Effect.map(InMemoryKafka, (kafka) => kafka.committed(groupId)).pipe(
     Effect.flatten,
     Effect.map((positions) => ({ positions }))
+  )
+
+/**
+ * The `Producer` on the in-memory broker, with the same settings, batching, partitioning and errors as
+ * `KafkaJs.layerProducer`: a key goes to its murmur2 partition, as with the Java client; a topic that does not exist
+ * fails with `UnknownTopic`, a partition it does not have with `UnknownPartition`, a record larger than
+ * `maxRequestSize` with `RecordTooLarge`. The broker has one replica, so `acks` changes nothing about what is kept.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerProducer = (settings: ProducerSettings = {}): Layer.Layer<Producer, ConfigError, InMemoryKafka> =>
+  Layer.scoped(
+    Producer,
+    Effect.gen(function*() {
+      const resolved = yield* producer.resolve(settings)
+      const kafka = yield* InMemoryKafka
+      const partitioner = producer.makePartitioner()
+      const write = (batch: ReadonlyArray<producer.Prepared>) =>
+        Effect.gen(function*() {
+          const counts = new Map<string, Either.Either<number, ProduceFailed>>()
+          for (const record of batch) {
+            if (counts.has(record.topic)) continue
+            const ends = yield* Effect.either(kafka.endOffsets(record.topic))
+            counts.set(
+              record.topic,
+              Either.isRight(ends) ? Either.right(ends.right.length) : Either.left(producer.unknownTopic(record.topic))
+            )
+          }
+          const { out, placed } = producer.place(batch, counts, partitioner)
+          for (const [topic, list] of producer.groupBy(placed, (p) => p.record.topic)) {
+            const records: Array<ProducerRecord> = list.map(({ partition, record }) => ({
+              key: record.key,
+              value: record.value,
+              partition,
+              ...(record.headers === undefined ? {} : { headers: record.headers }),
+              ...(record.timestamp === undefined ? {} : { timestamp: record.timestamp })
+            }))
+            const written = yield* Effect.either(kafka.produce(topic, records))
+            list.forEach(({ index }, i) => {
+              out[index] = Either.isRight(written)
+                ? Either.right({
+                  topic,
+                  partition: written.right[i]![0],
+                  offset: resolved.acks === 0 ? -1n : written.right[i]![1]
+                })
+                : Either.left(new ProduceFailed({ reason: "Other", topic, detail: written.left.message }))
+            })
+          }
+          return out.map((written) => written!)
+        })
+      return yield* producer.make(resolved, { write })
+    })
   )

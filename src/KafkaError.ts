@@ -208,3 +208,61 @@ export class DecodeError extends Schema.TaggedError<DecodeError>()("DecodeError"
     return `Cannot decode record ${this.topic}-${this.partition}@${this.offset}: ${this.reason}`
   }
 }
+
+/**
+ * Why a record was not written:
+ *
+ * - `UnknownTopic`: the topic does not exist (and the cluster does not create topics on first use);
+ * - `UnknownPartition`: the record names a partition the topic does not have;
+ * - `RecordTooLarge`: the record is larger than the producer's `maxRequestSize` (checked before sending), or than
+ *   the broker or the topic accepts (`message.max.bytes`, `max.message.bytes`);
+ * - `Fenced`: a newer producer with the same transactional id has started, or the broker no longer knows this
+ *   producer's id: this producer can write nothing more;
+ * - `Timeout`, `Disconnected`, `NotEnoughReplicas`: the cluster did not acknowledge the record in time, could not be
+ *   reached, or had fewer in-sync replicas than `min.insync.replicas`, after every retry. The record may or may not
+ *   have been written: sending it again can duplicate it, unless the producer is idempotent and still running;
+ * - `Unauthorized`: the topic is not this client's to write;
+ * - `Closed`: the producer was shut down before the record was sent;
+ * - `Other`: any other refusal; `detail` says what the client said.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type ProduceFailureReason = typeof ProduceFailed.fields.reason.Type
+
+/**
+ * A record was not written (or not acknowledged). `topic` and, when one was chosen, `partition` say where it was
+ * going; `code` is the broker's error name when the broker refused it.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class ProduceFailed extends Schema.TaggedError<ProduceFailed>()("ProduceFailed", {
+  reason: Schema.Literal(
+    "UnknownTopic",
+    "UnknownPartition",
+    "RecordTooLarge",
+    "Fenced",
+    "Timeout",
+    "Disconnected",
+    "NotEnoughReplicas",
+    "Unauthorized",
+    "Closed",
+    "Other"
+  ),
+  topic: Schema.String,
+  partition: Schema.optional(Schema.Number),
+  code: Schema.optional(Schema.String),
+  detail: Schema.optional(Schema.String)
+}) {
+  /** The record may have been written, or may be written if sent again: the cluster was slow or unreachable. */
+  get retriable(): boolean {
+    return this.reason === "Timeout" || this.reason === "Disconnected" || this.reason === "NotEnoughReplicas"
+  }
+
+  override get message(): string {
+    const where = this.partition === undefined ? this.topic : `${this.topic}-${this.partition}`
+    const code = this.code === undefined ? "" : ` ${this.code}`
+    return `Producing to ${where} failed (${this.reason}${code})${this.detail === undefined ? "" : `: ${this.detail}`}`
+  }
+}

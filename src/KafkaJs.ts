@@ -17,7 +17,10 @@ import { Driver } from "./Driver.js"
 import type { ConfigError } from "./KafkaError.js"
 import { DriverError } from "./KafkaError.js"
 import * as internal from "./internal/kafkajs.js"
+import * as kafkajsProducer from "./internal/kafkajsProducer.js"
 import * as session from "./internal/kafkajsSession.js"
+import * as producerInternal from "./internal/producer.js"
+import { Producer, type Settings as ProducerSettings } from "./Producer.js"
 
 /**
  * What kafkajs itself logs, through Effect's logger.
@@ -70,25 +73,38 @@ export interface RetryOptions {
 }
 
 /**
- * Connection settings, passed through to kafkajs, and consumer tuning. Durations accept anything
- * `Duration.decode` does (a number is milliseconds).
+ * Connection settings, passed through to kafkajs; shared by the consumer's and the producer's layers. Durations accept
+ * anything `Duration.decode` does (a number is milliseconds).
  *
  * @since 0.1.0
  * @category models
  */
-export interface Config {
+export interface ConnectionConfig {
   /** Bootstrap brokers, each `host:port`. */
   readonly brokers: ReadonlyArray<string>
-  /** Default client id; a session's own `clientId` takes precedence. */
+  /** Default client id; a consumer session's own `clientId` takes precedence. */
   readonly clientId?: string | undefined
   readonly ssl?: boolean | TlsOptions | undefined
   readonly sasl?: SaslOptions | undefined
   readonly connectionTimeout?: Duration.DurationInput | undefined
   readonly authenticationTimeout?: Duration.DurationInput | undefined
   readonly requestTimeout?: Duration.DurationInput | undefined
+  /**
+   * How kafkajs retries requests that failed retriably. Default: kafkajs's own, which for an idempotent producer
+   * retries a write without end (the broker drops what it already has, so a retry cannot duplicate).
+   */
   readonly retry?: RetryOptions | undefined
   /** What kafkajs itself logs, through Effect's logger. Default `"warn"`. */
   readonly logLevel?: LogLevel | undefined
+}
+
+/**
+ * Connection settings and consumer tuning.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Config extends ConnectionConfig {
   /** How long the broker may hold a fetch when there is nothing new (kafkajs `maxWaitTimeInMs`). Default 500 ms. */
   readonly maxWaitTime?: Duration.DurationInput | undefined
   /** Default: a third of the session timeout, at most 3 seconds. */
@@ -211,6 +227,47 @@ export const layer = (config: Config): Layer.Layer<Driver, ConfigError> =>
         readUncommitted: config.readUncommitted ?? false
       }
       return Driver.of({ connect: (options) => session.connect(settings, options) })
+    })
+  )
+
+/**
+ * Connection settings and producer settings (see `Producer.Settings` for what each means).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ProducerConfig extends ConnectionConfig, ProducerSettings {}
+
+/**
+ * The `Producer` on kafkajs. Settings are checked first (`ConfigError` naming the setting, before anything
+ * connects); then a kafkajs producer and admin client connect (`DriverError` when the cluster cannot be reached).
+ *
+ * - Records from every fiber are batched as `Producer` says and sent with one kafkajs `sendBatch` per batch, which
+ *   sends one produce request per broker.
+ * - Partitions are chosen here (murmur2 of the key as in Java; one partition per batch for records without a key),
+ *   from partition counts the admin client reads; kafkajs's partitioner is not used. A record for a topic that does
+ *   not exist fails with `UnknownTopic` (kafkajs never asks the cluster to create topics), one naming a partition the
+ *   topic does not have with `UnknownPartition`, without failing the others of its batch.
+ * - A batch the broker refuses fails each of its records with the same `ProduceFailed`, classified by the broker's
+ *   error (`code`). kafkajs retries retriable refusals first, without end for an idempotent producer unless `retry`
+ *   says otherwise.
+ * - Compression: `"gzip"` (kafkajs has the other codecs only as plugins).
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerProducer = (config: ProducerConfig): Layer.Layer<Producer, ConfigError | DriverError> =>
+  Layer.scoped(
+    Producer,
+    Effect.gen(function*() {
+      const resolved = yield* producerInternal.resolve(config)
+      const runtime = yield* Effect.runtime<never>()
+      const { retry, ...connection } = config
+      const client = yield* internal.makeClientConfig(
+        { ...connection, ...(retry === undefined ? {} : { retry }) },
+        runtime
+      )
+      return yield* kafkajsProducer.make(client, resolved, retry?.retries)
     })
   )
 

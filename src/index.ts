@@ -82,6 +82,13 @@ export * as OffsetStore from "./OffsetStore.js"
 export * as PgOffsetStore from "./PgOffsetStore.js"
 
 /**
+ * The producer: `send`, `sendAll`, `flush`, with acks and idempotence as named settings.
+ *
+ * @since 0.1.0
+ */
+export * as Producer from "./Producer.js"
+
+/**
  * Topic partitions.
  *
  * @since 0.1.0

@@ -20,9 +20,11 @@ import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import type { Driver } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { type ConfigError, HandlerFailed } from "../src/KafkaError.js"
+import * as KafkaJs from "../src/KafkaJs.js"
+import { type ConfigError, type DriverError as KafkaDriverError, HandlerFailed, ProduceFailed } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
+import * as Producer from "../src/Producer.js"
 import { settled } from "./support/kit.js"
 
 class Invalid extends Data.TaggedError("Invalid")<{ readonly reason: string }> {}
@@ -168,4 +170,36 @@ describe("public signatures", () => {
       await rm(out, { recursive: true, force: true })
     }
   }, 150_000)
+})
+
+describe("the producer's signatures", () => {
+  it("send and sendAll fail with ProduceFailed only, and need only the Producer", () => {
+    expectTypeOf(Producer.send({ topic: "t", value: "v" })).toEqualTypeOf<
+      Effect.Effect<Producer.RecordMetadata, ProduceFailed, Producer.Producer>
+    >()
+    expectTypeOf(Producer.sendAll([{ topic: "t", value: "v" }])).toEqualTypeOf<
+      Effect.Effect<ReadonlyArray<Producer.RecordMetadata>, ProduceFailed, Producer.Producer>
+    >()
+    expectTypeOf(Producer.flush).toEqualTypeOf<Effect.Effect<void, never, Producer.Producer>>()
+    // @ts-expect-error a record needs a value (null for a tombstone)
+    Producer.send({ topic: "t" })
+    // @ts-expect-error acks is 0, 1 or "all"
+    InMemoryKafka.layerProducer({ acks: 2 })
+  })
+
+  it("the layers say what they need and how they can fail", () => {
+    expectTypeOf(InMemoryKafka.layerProducer()).toEqualTypeOf<
+      Layer.Layer<Producer.Producer, ConfigError, InMemoryKafka.InMemoryKafka>
+    >()
+    expectTypeOf(KafkaJs.layerProducer({ brokers: ["localhost:9092"] })).toEqualTypeOf<
+      Layer.Layer<Producer.Producer, ConfigError | KafkaDriverError, never>
+    >()
+  })
+
+  it.effect("a failed send is a ProduceFailed at run time, as the type says", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(Producer.send({ topic: "missing", value: "v" }))
+      assert.instanceOf(error, ProduceFailed)
+      assert.strictEqual(error.reason, "UnknownTopic")
+    }).pipe(Effect.provide(Layer.provide(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()))))
 })

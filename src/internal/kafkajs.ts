@@ -301,8 +301,12 @@ interface ErrorLike {
 
 const isErrorLike = (u: unknown): u is ErrorLike => typeof u === "object" && u !== null
 
-/** kafkajs wraps errors (retries exceeded, non-retriable) with the original as `cause`; the protocol type is inside. */
-const causeChain = (error: unknown): Array<ErrorLike> => {
+/**
+ * kafkajs wraps errors (retries exceeded, non-retriable) with the original as `cause`; the protocol type is inside.
+ *
+ * @internal
+ */
+export const causeChain = (error: unknown): Array<ErrorLike> => {
   const chain: Array<ErrorLike> = []
   let current: unknown = error
   while (isErrorLike(current) && chain.length < 8 && !chain.includes(current)) {

@@ -1,0 +1,149 @@
+/**
+ * The producer: records written to Kafka from Effect programs, with the durability of each write a named setting.
+ *
+ * Many fibers may send at once: records sent within `linger` of each other are merged into one request (up to
+ * `batchSize` bytes), as the Java client's `linger.ms` and `batch.size` do, and each caller still gets its own
+ * `RecordMetadata` or `ProduceFailed`. A key goes to the partition the Java client's default partitioner picks
+ * (murmur2 of the key's bytes), so a Java and a TypeScript producer agree; records without a key and without a
+ * partition go to one partition per batch, a different one for each batch (the Java client's sticky partitioner).
+ *
+ * Layers: `KafkaJs.layerProducer` for a real cluster, `InMemoryKafka.layerProducer` for the in-memory broker. Both
+ * keep the same behaviour suite.
+ *
+ * @since 0.1.0
+ */
+import * as Context from "effect/Context"
+import type * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import type { ProduceFailed } from "./KafkaError.js"
+
+/**
+ * A record to write. `value` `null` is a tombstone (on a compacted topic, it deletes the key). Without `partition`,
+ * a record with a key goes to the key's partition (murmur2, as in Java), one without to the batch's partition.
+ * `timestamp` is milliseconds since the epoch (default: when it is sent).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ProducerRecord {
+  readonly topic: string
+  readonly key?: Uint8Array | string | null | undefined
+  readonly value: Uint8Array | string | null
+  readonly headers?: Readonly<Record<string, Uint8Array | string>> | undefined
+  readonly partition?: number | undefined
+  readonly timestamp?: number | undefined
+}
+
+/**
+ * Where a record was written. With `acks: 0` nobody answers, and `offset` is `-1n`.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface RecordMetadata {
+  readonly topic: string
+  readonly partition: number
+  readonly offset: bigint
+}
+
+/**
+ * How many acknowledgements a write waits for, and what that means when the partition's leader dies:
+ *
+ * - `"all"` (the default): every in-sync replica has the record before it is acknowledged. With
+ *   `min.insync.replicas` ≥ 2 an acknowledged record survives the death of the leader; nothing acknowledged is lost.
+ * - `1`: the leader alone has it. A leader that dies before its followers copied the record loses it, though it was
+ *   acknowledged.
+ * - `0`: nobody answers; the record is sent and forgotten. Anything in flight when the leader dies, or refused by the
+ *   broker, is lost without the producer knowing. `RecordMetadata.offset` is `-1n`.
+ *
+ * Whatever `acks` says, a write whose answer is lost (the connection dropped, a timeout) is retried, and the retry can
+ * write the record twice unless the producer is idempotent.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Acks = 0 | 1 | "all"
+
+/**
+ * Producer settings shared by both layers. Durations accept anything `Duration.decode` does (a number is
+ * milliseconds). Invalid settings and invalid combinations fail with a `ConfigError` naming the setting, before
+ * anything connects.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Settings {
+  /** See {@link Acks}. Default `"all"`. */
+  readonly acks?: Acks | undefined
+  /**
+   * The broker drops a retried write it already has (producer id and sequence numbers): retries cannot duplicate
+   * or reorder records. Needs `acks: "all"` and `maxInFlightRequests: 1`. Default `true`.
+   */
+  readonly idempotent?: boolean | undefined
+  /**
+   * Batches of records in flight at once. Above 1, a batch that fails and is retried can land after the batch sent
+   * after it: records of one partition may be reordered. Default 1; at most 5.
+   */
+  readonly maxInFlightRequests?: number | undefined
+  /** How long a record may wait for others to share its request (`linger.ms`). `0` sends at once. Default 5 millis. */
+  readonly linger?: Duration.DurationInput | undefined
+  /** A batch is sent as soon as its records reach this many bytes (keys, values, headers). Default 256 KiB. */
+  readonly batchSize?: number | undefined
+  /**
+   * The largest record accepted (`max.request.size`): a larger one fails with `ProduceFailed` (`RecordTooLarge`)
+   * before it is sent. Default 1 MiB.
+   */
+  readonly maxRequestSize?: number | undefined
+  /** Default `"none"`. */
+  readonly compression?: "none" | "gzip" | undefined
+  /** How long the broker may take to acknowledge a write (`request.timeout.ms`). Default 30 seconds. */
+  readonly timeout?: Duration.DurationInput | undefined
+  /**
+   * On shutdown, how long records already sent may take to be written before they fail with `Closed`. Default
+   * 30 seconds.
+   */
+  readonly closeTimeout?: Duration.DurationInput | undefined
+}
+
+/**
+ * The producer service.
+ *
+ * - `send` writes one record and returns where it was written, once acknowledged as `acks` says.
+ * - `sendAll` writes records in the order given (records of one partition are written in that order) and returns
+ *   their metadata in the same order. Every record is sent; if some fail, it fails with the first failure in the
+ *   order given, and the others may have been written.
+ * - `flush` waits until every record sent before it is written or has failed, without waiting for `linger`.
+ *
+ * A record handed over is sent even if the fiber that sent it is interrupted. When the producer's scope closes,
+ * records already sent are written (for up to `closeTimeout`); sends after that fail with `Closed`.
+ *
+ * @since 0.1.0
+ * @category tags
+ */
+export class Producer extends Context.Tag("effect-kafka-delivery/Producer")<Producer, {
+  readonly send: (record: ProducerRecord) => Effect.Effect<RecordMetadata, ProduceFailed>
+  readonly sendAll: (records: Iterable<ProducerRecord>) => Effect.Effect<ReadonlyArray<RecordMetadata>, ProduceFailed>
+  readonly flush: Effect.Effect<void>
+}>() {}
+
+/**
+ * @since 0.1.0
+ * @category accessors
+ */
+export const send = (record: ProducerRecord): Effect.Effect<RecordMetadata, ProduceFailed, Producer> =>
+  Effect.flatMap(Producer, (producer) => producer.send(record))
+
+/**
+ * @since 0.1.0
+ * @category accessors
+ */
+export const sendAll = (
+  records: Iterable<ProducerRecord>
+): Effect.Effect<ReadonlyArray<RecordMetadata>, ProduceFailed, Producer> =>
+  Effect.flatMap(Producer, (producer) => producer.sendAll(records))
+
+/**
+ * @since 0.1.0
+ * @category accessors
+ */
+export const flush: Effect.Effect<void, never, Producer> = Effect.flatMap(Producer, (producer) => producer.flush)

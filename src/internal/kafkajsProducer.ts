@@ -1,0 +1,207 @@
+import * as Clock from "effect/Clock"
+import type * as Context from "effect/Context"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import type * as Scope from "effect/Scope"
+import type { Message, Producer as KafkaProducer, RecordMetadata as KafkaRecordMetadata, TopicMessages } from "kafkajs"
+import { CompressionTypes } from "kafkajs"
+import { type DriverError, ProduceFailed, type ProduceFailureReason } from "../KafkaError.js"
+import type { Producer } from "../Producer.js"
+import {
+  causeChain,
+  type ClientConfig,
+  describe,
+  driverError,
+  isRetriable,
+  makeClient,
+  protocolType
+} from "./kafkajs.js"
+import * as producer from "./producer.js"
+
+/** How long a topic's partition count is trusted before it is read again (the Java client's `metadata.max.age.ms`). */
+const METADATA_MAX_AGE = 5 * 60 * 1000
+
+const reasonOfType = (type: string | undefined): ProduceFailureReason | undefined => {
+  switch (type) {
+    case "UNKNOWN_TOPIC_OR_PARTITION":
+      return "UnknownTopic"
+    case "MESSAGE_TOO_LARGE":
+    case "RECORD_LIST_TOO_LARGE":
+      return "RecordTooLarge"
+    case "INVALID_PRODUCER_EPOCH":
+    case "PRODUCER_FENCED":
+    case "TRANSACTION_COORDINATOR_FENCED":
+    case "UNKNOWN_PRODUCER_ID":
+    case "INVALID_PRODUCER_ID_MAPPING":
+      return "Fenced"
+    case "NOT_ENOUGH_REPLICAS":
+    case "NOT_ENOUGH_REPLICAS_AFTER_APPEND":
+      return "NotEnoughReplicas"
+    case "REQUEST_TIMED_OUT":
+      return "Timeout"
+    case "TOPIC_AUTHORIZATION_FAILED":
+    case "CLUSTER_AUTHORIZATION_FAILED":
+    case "TRANSACTIONAL_ID_AUTHORIZATION_FAILED":
+      return "Unauthorized"
+    default:
+      return undefined
+  }
+}
+
+/**
+ * A refused write, classified by the protocol error inside it, then by the kafkajs error around it.
+ *
+ * @internal
+ */
+export const produceFailed = (cause: unknown, topic: string, partition: number | undefined): ProduceFailed => {
+  const type = protocolType(cause)
+  const names = causeChain(cause).map((e) => e.name)
+  const reason: ProduceFailureReason = reasonOfType(type) ??
+    (names.includes("KafkaJSRequestTimeoutError")
+      ? "Timeout"
+      : isRetriable(cause)
+      ? "Disconnected"
+      : "Other")
+  return new ProduceFailed({
+    reason,
+    topic,
+    ...(partition === undefined ? {} : { partition }),
+    ...(type === undefined ? {} : { code: type }),
+    detail: describe(cause)
+  })
+}
+
+const toBuffer = (bytes: Uint8Array): Buffer =>
+  Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+
+/** kafkajs's partitioner is never asked: every message names its partition. */
+const explicitPartition = () => ({ message }: { readonly message: Message }) => message.partition ?? 0
+
+/**
+ * The producer service on kafkajs. A kafkajs admin client reads each topic's partition count (cached for five
+ * minutes, and read again before a record is refused for naming a partition the topic does not have), so that
+ * partitions are chosen here, records for unknown topics or partitions are refused before they are batched with
+ * others, and each record's offset is known from its partition's base offset in the answer.
+ *
+ * @internal
+ */
+export const make = (
+  client: ClientConfig,
+  resolved: producer.Resolved,
+  retries: number | undefined
+): Effect.Effect<Context.Tag.Service<typeof Producer>, DriverError, Scope.Scope> =>
+  Effect.gen(function*() {
+    const kafka = makeClient(client)
+    const kafkaProducer: KafkaProducer = kafka.producer({
+      idempotent: resolved.idempotent,
+      allowAutoTopicCreation: false,
+      createPartitioner: explicitPartition,
+      ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
+    })
+    const admin = kafka.admin()
+    yield* Effect.acquireRelease(
+      Effect.tryPromise({ try: () => admin.connect(), catch: driverError("connect") }),
+      () => Effect.promise(() => admin.disconnect()).pipe(Effect.timeoutOption("5 seconds"), Effect.ignore)
+    )
+    yield* Effect.acquireRelease(
+      Effect.tryPromise({ try: () => kafkaProducer.connect(), catch: driverError("connect") }),
+      () => Effect.promise(() => kafkaProducer.disconnect()).pipe(Effect.timeoutOption("5 seconds"), Effect.ignore)
+    )
+
+    const counts = new Map<string, { readonly count: number; readonly at: number }>()
+    const readCount = (topic: string, now: number) =>
+      Effect.tryPromise(() => admin.fetchTopicMetadata({ topics: [topic] })).pipe(
+        Effect.map(({ topics }) => {
+          const found = topics.find((t) => t.name === topic)
+          if (found === undefined || found.partitions.length === 0) return Either.left(producer.unknownTopic(topic))
+          counts.set(topic, { count: found.partitions.length, at: now })
+          return Either.right(found.partitions.length)
+        }),
+        Effect.catchAll(({ error }) =>
+          Effect.succeed(
+            protocolType(error) === "UNKNOWN_TOPIC_OR_PARTITION"
+              ? Either.left(producer.unknownTopic(topic))
+              : Either.left(produceFailed(error, topic, undefined))
+          )
+        )
+      )
+    const partitioner = producer.makePartitioner()
+    const compression = resolved.compression === "gzip" ? CompressionTypes.GZIP : CompressionTypes.None
+
+    const write = (batch: ReadonlyArray<producer.Prepared>) =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        const known = new Map<string, Either.Either<number, ProduceFailed>>()
+        for (const record of batch) {
+          if (known.has(record.topic)) continue
+          const cached = counts.get(record.topic)
+          const stale = cached === undefined || now - cached.at > METADATA_MAX_AGE ||
+            batch.some((r) => r.topic === record.topic && r.partition !== undefined && r.partition >= cached.count)
+          known.set(record.topic, stale ? yield* readCount(record.topic, now) : Either.right(cached.count))
+        }
+        const { out, placed } = producer.place(batch, known, partitioner)
+        const toMessage = ({ partition, record }: producer.Placed): Message => {
+          const message: Message = {
+            partition,
+            key: record.key === null ? null : toBuffer(record.key),
+            value: record.value === null ? null : toBuffer(record.value)
+          }
+          if (record.headers !== undefined) {
+            const headers: Record<string, Buffer> = {}
+            for (const name in record.headers) headers[name] = toBuffer(record.headers[name]!)
+            message.headers = headers
+          }
+          if (record.timestamp !== undefined) message.timestamp = String(record.timestamp)
+          return message
+        }
+        // Messages per topic in the order sent; per partition, its records in that order.
+        const messages = producer.groupBy(placed, (p) => p.record.topic)
+        const slots = producer.groupBy(placed, (p) => `${p.record.topic}\u0000${p.partition}`)
+        if (messages.size === 0) return out.map((w) => w!)
+
+        const topicMessages: Array<TopicMessages> = []
+        for (const [topic, list] of messages) topicMessages.push({ topic, messages: list.map(toMessage) })
+        const answer = yield* Effect.either(
+          Effect.tryPromise(() =>
+            kafkaProducer.sendBatch({
+              topicMessages,
+              acks: resolved.acks,
+              timeout: resolved.timeoutMillis,
+              compression
+            })
+          )
+        )
+        const bases = new Map<string, KafkaRecordMetadata>()
+        if (Either.isRight(answer)) {
+          for (const m of answer.right) bases.set(`${m.topicName}\u0000${m.partition}`, m)
+        }
+        for (const [slot, list] of slots) {
+          const { partition, record: { topic } } = list[0]!
+          list.forEach(({ index }, i) => {
+            if (Either.isLeft(answer)) {
+              out[index] = Either.left(produceFailed(answer.left.error, topic, partition))
+              return
+            }
+            const base = bases.get(slot)
+            if (resolved.acks === 0) {
+              out[index] = Either.right({ topic, partition, offset: -1n })
+            } else if (base === undefined || base.baseOffset === undefined || Number(base.errorCode) !== 0) {
+              out[index] = Either.left(
+                new ProduceFailed({
+                  reason: "Other",
+                  topic,
+                  partition,
+                  detail: base === undefined ? "the broker did not answer for the partition" :
+                    `the broker answered error code ${base.errorCode}`
+                })
+              )
+            } else {
+              out[index] = Either.right({ topic, partition, offset: BigInt(base.baseOffset) + BigInt(i) })
+            }
+          })
+        }
+        return out.map((w) => w!)
+      })
+
+    return yield* producer.make(resolved, { write })
+  })

@@ -1,0 +1,209 @@
+import { assert, describe, it } from "@effect/vitest"
+import * as Deferred from "effect/Deferred"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as Layer from "effect/Layer"
+import * as Scope from "effect/Scope"
+import * as TestClock from "effect/TestClock"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import { murmur2, partitionOfKey } from "../src/internal/murmur2.js"
+import * as internal from "../src/internal/producer.js"
+import { ProduceFailed } from "../src/KafkaError.js"
+import type * as Producer from "../src/Producer.js"
+import { producerSuite, ProducerTestKit } from "./producerSuite.js"
+import { settled } from "./support/kit.js"
+
+producerSuite(
+  "InMemoryKafka producer",
+  (settings) => InMemoryKafka.layerProducer(settings),
+  () =>
+    Layer.provideMerge(
+      Layer.effect(
+        ProducerTestKit,
+        Effect.map(InMemoryKafka.InMemoryKafka, (kafka) => ({ createTopic: kafka.createTopic }))
+      ),
+      InMemoryKafka.layer()
+    )
+)
+
+describe("murmur2, as the Java client computes it", () => {
+  // Hashes published in Kafka's own tests (UtilsTest.testMurmur2) and in other clients' tests of the same function.
+  const published: ReadonlyArray<readonly [string, number]> = [
+    ["21", -973932308],
+    ["foobar", -790332482],
+    ["a-little-bit-long-string", -985981536],
+    ["a-little-bit-longer-string", -1486304829],
+    ["lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971],
+    ["abc", 479470107],
+    ["1", -1993445489],
+    ["12", 126087238],
+    ["123", -267702483],
+    ["1234", -1614185708],
+    ["12345", -1188365604]
+  ]
+  it("gives the published hash of every key, whatever its length modulo 4", () => {
+    for (const [key, hash] of published) assert.strictEqual(murmur2(new TextEncoder().encode(key)), hash, key)
+  })
+  it("picks the partition with the sign bit cleared, as Utils.toPositive does", () => {
+    const key = new TextEncoder().encode("foobar")
+    assert.strictEqual(partitionOfKey(key, 7), (-790332482 & 0x7fffffff) % 7)
+    assert.notStrictEqual(partitionOfKey(key, 7), Math.abs(-790332482) % 7)
+  })
+})
+
+/** A transport that records each batch and answers when the test says. */
+const fakeTransport = () => {
+  const batches: Array<ReadonlyArray<internal.Prepared>> = []
+  const gates: Array<Deferred.Deferred<void>> = []
+  let offset = 0n
+  let holding = false
+  const transport: internal.Transport = {
+    write: (batch) =>
+      Effect.gen(function*() {
+        batches.push(batch)
+        const gate = yield* Deferred.make<void>()
+        gates.push(gate)
+        if (!holding) yield* Deferred.succeed(gate, undefined)
+        yield* Deferred.await(gate)
+        return batch.map((r) => Either.right({ topic: r.topic, partition: 0, offset: offset++ }))
+      })
+  }
+  return {
+    batches,
+    transport,
+    hold: () => {
+      holding = true
+    },
+    openAll: Effect.suspend(() => Effect.forEach(gates, (g) => Deferred.succeed(g, undefined), { discard: true }))
+  }
+}
+
+const producerOn = (settings: Producer.Settings, transport: internal.Transport) =>
+  Effect.flatMap(internal.resolve(settings), (resolved) => internal.make(resolved, transport))
+
+describe("batching: linger, batchSize, maxInFlightRequests", () => {
+  it.scoped("sends from many fibers within linger go out as one batch, each answered on its own", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      const producer = yield* producerOn({ linger: "10 millis" }, fake.transport)
+      const fibers = yield* Effect.forEach(
+        Array.from({ length: 100 }, (_, i) => i),
+        (i) => Effect.fork(producer.send({ topic: "t", value: `${i}` }))
+      )
+      yield* TestClock.adjust("9 millis")
+      assert.strictEqual(fake.batches.length, 0, "nothing is sent before linger has passed")
+      yield* TestClock.adjust("1 millis")
+      const answers = yield* Effect.forEach(fibers, Fiber.join)
+      assert.strictEqual(fake.batches.length, 1)
+      assert.strictEqual(fake.batches[0]!.length, 100)
+      assert.deepStrictEqual(answers.map((m) => m.offset), Array.from({ length: 100 }, (_, i) => BigInt(i)))
+    }))
+
+  it.scoped("a full batch goes at once, without waiting for linger; batches hold at most batchSize bytes", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      const producer = yield* producerOn({ linger: "1 hour", batchSize: 1000 }, fake.transport)
+      // Each record counts 100 bytes of value plus its overhead: 8 fit in 1000 bytes.
+      const all = yield* Effect.fork(
+        producer.sendAll(Array.from({ length: 20 }, () => ({ topic: "t", value: new Uint8Array(100) })))
+      )
+      yield* settled("two full batches sent", Effect.sync(() => fake.batches.length === 2))
+      assert.deepStrictEqual(fake.batches.map((b) => b.length), [8, 8])
+      assert.isTrue(fake.batches.every((b) => b.reduce((n, r) => n + r.size, 0) <= 1000))
+      yield* TestClock.adjust("1 hour")
+      yield* Fiber.join(all)
+      assert.deepStrictEqual(fake.batches.map((b) => b.length), [8, 8, 4])
+    }))
+
+  it.scoped("at most maxInFlightRequests batches are written at once, in the order they were cut", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      fake.hold()
+      const producer = yield* producerOn(
+        { linger: 0, batchSize: 200, idempotent: false, maxInFlightRequests: 2 },
+        fake.transport
+      )
+      const all = yield* Effect.fork(
+        producer.sendAll(Array.from({ length: 10 }, (_, i) => ({ topic: "t", value: new Uint8Array(150), key: `${i}` })))
+      )
+      yield* settled("two batches in flight", Effect.sync(() => fake.batches.length === 2))
+      for (let i = 0; i < 100; i++) yield* Effect.yieldNow()
+      assert.strictEqual(fake.batches.length, 2, "a third batch waits for a free slot")
+      yield* fake.openAll
+      yield* settled("third batch", Effect.sync(() => fake.batches.length >= 3))
+      const order = fake.batches.flatMap((b) => b.map((r) => new TextDecoder().decode(r.key!)))
+      assert.deepStrictEqual(order.slice(0, 3), ["0", "1", "2"])
+      const drain = Effect.gen(function*() {
+        while (fake.batches.length < 10) {
+          yield* fake.openAll
+          yield* Effect.yieldNow()
+        }
+        yield* fake.openAll
+      })
+      yield* drain
+      yield* Fiber.join(all)
+      assert.deepStrictEqual(
+        fake.batches.flatMap((b) => b.map((r) => new TextDecoder().decode(r.key!))),
+        Array.from({ length: 10 }, (_, i) => `${i}`)
+      )
+    }))
+
+  it.scoped("a batch the transport refuses fails each of its records; the next batch goes on", () =>
+    Effect.gen(function*() {
+      let calls = 0
+      const transport: internal.Transport = {
+        write: (batch) =>
+          Effect.sync(() => {
+            calls++
+            return batch.map((r, i) =>
+              calls === 1
+                ? Either.left(new ProduceFailed({ reason: "NotEnoughReplicas", topic: r.topic, partition: 0 }))
+                : Either.right({ topic: r.topic, partition: 0, offset: BigInt(i) })
+            )
+          })
+      }
+      const producer = yield* producerOn({ linger: 0 }, transport)
+      const first = yield* Effect.flip(producer.sendAll([{ topic: "t", value: "a" }, { topic: "t", value: "b" }]))
+      assert.strictEqual(first.reason, "NotEnoughReplicas")
+      assert.isTrue(first.retriable)
+      const second = yield* producer.send({ topic: "t", value: "c" })
+      assert.strictEqual(second.offset, 0n)
+    }))
+
+  it.scoped("a transport that dies fails its batch's records with Other, naming the defect", () =>
+    Effect.gen(function*() {
+      const transport: internal.Transport = { write: () => Effect.die(new Error("socket exploded")) }
+      const producer = yield* producerOn({ linger: 0 }, transport)
+      const error = yield* Effect.flip(producer.send({ topic: "t", value: "a" }))
+      assert.strictEqual(error.reason, "Other")
+      assert.include(error.message, "socket exploded")
+    }))
+
+  it.effect("on close, records still unwritten after closeTimeout fail with Closed", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      fake.hold()
+      const scope = yield* Scope.make()
+      const producer = yield* producerOn({ linger: 0, closeTimeout: "2 seconds" }, fake.transport).pipe(
+        Scope.extend(scope)
+      )
+      const pending = yield* Effect.fork(producer.send({ topic: "t", value: "never answered" }))
+      yield* settled("in flight", Effect.sync(() => fake.batches.length === 1))
+      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      // The finalizer starts its closeTimeout clock once it runs; move the clock on until it has given up.
+      for (let i = 0; i < 19; i++) {
+        yield* Effect.yieldNow()
+        yield* TestClock.adjust("100 millis")
+      }
+      assert.isTrue((yield* Fiber.poll(pending))._tag === "None", "the record in flight is waited for until closeTimeout")
+      for (let i = 0; i < 100 && (yield* Fiber.poll(closing))._tag === "None"; i++) {
+        yield* TestClock.adjust("100 millis")
+        yield* Effect.yieldNow()
+      }
+      yield* Fiber.join(closing)
+      const error = yield* Effect.flip(Fiber.join(pending))
+      assert.strictEqual(error.reason, "Closed")
+    }))
+})

@@ -1,0 +1,75 @@
+import { assert, describe, it } from "@effect/vitest"
+import * as Layer from "effect/Layer"
+import { execFile } from "node:child_process"
+import * as path from "node:path"
+import * as Effect from "effect/Effect"
+import { inject } from "vitest"
+import * as Producer from "../src/Producer.js"
+import * as KafkaJs from "../src/KafkaJs.js"
+import { producerSuite, ProducerTestKit } from "./producerSuite.js"
+
+const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
+
+if (brokers) {
+  const list = brokers.split(",")
+  producerSuite(
+    "KafkaJs producer",
+    (settings) => KafkaJs.layerProducer({ brokers: list, clientId: "producer-suite", logLevel: "nothing", ...settings }),
+    () =>
+      Layer.merge(
+        KafkaJs.layer({ brokers: list, clientId: "producer-suite-reader", maxWaitTime: "100 millis", logLevel: "error" }),
+        Layer.succeed(ProducerTestKit, {
+          createTopic: (topic, partitions) => KafkaJs.createTopic(list, topic, partitions)
+        })
+      )
+  )
+
+  describe("KafkaJs producer and the Java client", () => {
+    /** Writes one record per key with the Java client (kafka-clients 3.9.1, default partitioner); key → partition. */
+    const javaPartitions = (topic: string, keys: ReadonlyArray<string>) =>
+      Effect.async<Map<string, number>, Error>((resume) => {
+        const libs = path.join(process.env.KAFKA_CACHE_DIR ?? path.join(process.cwd(), ".cache", "kafka"), "libs")
+        execFile(
+          "java",
+          ["-cp", path.join(libs, "*"), path.join("test", "java", "KeyPartitions.java"), brokers, topic, ...keys],
+          { timeout: 60_000, maxBuffer: 16 * 1024 * 1024 },
+          (error, stdout, stderr) => {
+            if (error !== null) return resume(Effect.fail(new Error(`java failed: ${error.message}\n${stderr}`)))
+            const out = new Map<string, number>()
+            for (const line of stdout.trim().split("\n")) {
+              const at = line.lastIndexOf(" ", line.lastIndexOf(" ") - 1)
+              out.set(line.slice(0, at), Number(line.slice(at + 1).split(" ")[0]))
+            }
+            resume(Effect.succeed(out))
+          }
+        )
+      })
+
+    it.live("every key lands on the partition the Java client's producer writes it to", () =>
+      Effect.gen(function*() {
+        const topic = `java-keys-${crypto.randomUUID().slice(0, 8)}`
+        yield* KafkaJs.createTopic(list, topic, 12)
+        const keys = Array.from({ length: 300 }, (_, i) =>
+          i % 3 === 0 ? `user-${i}` : i % 3 === 1 ? `ключ-${i}-é` : `${crypto.randomUUID()}${"x".repeat(i % 7)}`
+        )
+        const java = yield* javaPartitions(topic, keys)
+        assert.strictEqual(java.size, keys.length)
+        const ours = yield* Producer.sendAll(keys.map((key) => ({ topic, key, value: "typescript" })))
+        const spread = new Set<number>()
+        keys.forEach((key, i) => {
+          assert.strictEqual(ours[i]!.partition, java.get(key), `key ${key}`)
+          spread.add(ours[i]!.partition)
+        })
+        assert.strictEqual(spread.size, 12)
+      }).pipe(
+        Effect.provide(KafkaJs.layerProducer({ brokers: list, logLevel: "nothing" })),
+        Effect.scoped
+      ), 120_000)
+  })
+} else {
+  describe("KafkaJs producer", () => {
+    it("needs a Kafka broker", () => {
+      assert.fail(`No Kafka broker for this run: ${inject("kafkaSetupError") || "KAFKA_BROKERS is unset"}`)
+    })
+  })
+}
