@@ -17,7 +17,7 @@ import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import type { CommitPolicy } from "./CommitPolicy.js"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
-import type { Driver } from "./Driver.js"
+import type { Driver, IsolationLevel } from "./Driver.js"
 import * as config from "./internal/config.js"
 import * as runloop from "./internal/runloop.js"
 import {
@@ -72,6 +72,12 @@ export interface Config {
    * ends the consumer with `OffsetOutOfRange` naming the partition. Kafka's `auto.offset.reset`.
    */
   readonly offsetReset?: "earliest" | "latest" | "none"
+  /**
+   * What the consumer reads of transactional writes: `"read_committed"` (the default) never hands over a record of an
+   * open or aborted transaction; `"read_uncommitted"` hands over every record as soon as it is written. Kafka's
+   * `isolation.level`.
+   */
+  readonly isolationLevel?: IsolationLevel
   /**
    * How long the cluster may stay unreachable (a broker restarting, a network cut) before the consumer ends with the
    * error: until then it reconnects with backoff, and commits that fail meanwhile keep their positions. Default
@@ -183,6 +189,13 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
         reason: `must be "earliest", "latest" or "none", got ${JSON.stringify(offsetReset)}`
       })
     }
+    const isolationLevel = config.isolationLevel ?? "read_committed"
+    if (isolationLevel !== "read_committed" && isolationLevel !== "read_uncommitted") {
+      return yield* new ConfigError({
+        field: "isolationLevel",
+        reason: `must be "read_committed" or "read_uncommitted", got ${JSON.stringify(isolationLevel)}`
+      })
+    }
     if (config.rejoin !== undefined && typeof config.rejoin !== "boolean") {
       return yield* new ConfigError({ field: "rejoin", reason: `must be true or false, got ${String(config.rejoin)}` })
     }
@@ -196,7 +209,8 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
         maxPollRecords,
         pollTimeout,
         sessionTimeout,
-        rebalanceTimeout
+        rebalanceTimeout,
+        isolationLevel
       },
       bufferSize,
       revokeTimeout,

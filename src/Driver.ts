@@ -96,7 +96,20 @@ export interface SessionOptions {
   readonly sessionTimeout: Duration.Duration
   /** How long a member has to release revoked partitions before it is evicted. */
   readonly rebalanceTimeout: Duration.Duration
+  /**
+   * `read_committed` (the default): records of open and aborted transactions are never returned, and a partition is
+   * read only up to its last stable offset. `read_uncommitted`: every record, as soon as it is written.
+   */
+  readonly isolationLevel?: IsolationLevel | undefined
 }
+
+/**
+ * What a consumer reads of transactional writes (Kafka's `isolation.level`).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type IsolationLevel = "read_committed" | "read_uncommitted"
 
 /**
  * One member's connection to the cluster. One fiber (the runloop) owns it: calls are not made concurrently, except

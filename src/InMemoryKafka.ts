@@ -24,9 +24,21 @@ import * as groups from "./internal/memoryGroups.js"
 import * as memoryLog from "./internal/memoryLog.js"
 import { partitionOfKey } from "./internal/murmur2.js"
 import * as producer from "./internal/producer.js"
-import { CommitFailed, type CommitFailureReason, ConfigError, DriverError, ProduceFailed } from "./KafkaError.js"
+import {
+  CommitFailed,
+  type CommitFailureReason,
+  ConfigError,
+  DriverError,
+  ProduceFailed,
+  TransactionFailed
+} from "./KafkaError.js"
 import * as OffsetBatch from "./OffsetBatch.js"
-import { Producer, type Settings as ProducerSettings } from "./Producer.js"
+import {
+  Producer,
+  type Settings as ProducerSettings,
+  TransactionalProducer,
+  type TransactionalSettings
+} from "./Producer.js"
 import * as TopicPartition from "./TopicPartition.js"
 
 /**
@@ -132,6 +144,39 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
   readonly unreachable: Effect.Effect<void>
   /** The broker can be reached again. */
   readonly reachable: Effect.Effect<void>
+  /**
+   * Registers a transactional producer (Kafka's InitProducerId): the id's epoch goes up by one and is returned, and
+   * the open transaction of the earlier epoch is aborted. Every later call with an earlier epoch is fenced. A
+   * transaction open for longer than `transactionTimeout` is aborted by the broker, which bumps the epoch too. What
+   * `layerTransactionalProducer` uses.
+   */
+  readonly initProducer: (
+    transactionalId: string,
+    transactionTimeout: Duration.DurationInput
+  ) => Effect.Effect<number>
+  /**
+   * Writes records in the open transaction of the producer (opening one if none is): read-committed consumers see
+   * them once it commits, and a partition is read-committed only up to the oldest transaction still open on it.
+   */
+  readonly transactionalProduce: (
+    transactionalId: string,
+    epoch: number,
+    topic: string,
+    records: ReadonlyArray<ProducerRecord>
+  ) => Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, ProduceFailed>
+  /**
+   * Ends the producer's open transaction. `commit` also commits `offsets` for their groups, atomically with the
+   * records (`sendOffsetsToTransaction`).
+   */
+  readonly endTransaction: (
+    transactionalId: string,
+    epoch: number,
+    outcome: "commit" | "abort",
+    offsets?: ReadonlyArray<{
+      readonly groupId: string
+      readonly positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
+    }>
+  ) => Effect.Effect<void, TransactionFailed>
 }>() {}
 
 const encoder = new TextEncoder()
@@ -223,7 +268,12 @@ const makeBroker = (options: Options) =>
         if (position === undefined || member.paused.has(k) || member.outOfRange.has(k)) continue
         const log = logOf(tp)
         if (log === undefined) continue
-        const fetched = read(log, position, member.options.maxPollRecords)
+        const fetched = read(
+          log,
+          position,
+          member.options.maxPollRecords,
+          member.options.isolationLevel === "read_uncommitted"
+        )
         if (fetched._tag === "Empty") continue
         if (fetched._tag === "OutOfRange") {
           member.outOfRange.add(k)
@@ -245,6 +295,7 @@ const makeBroker = (options: Options) =>
       if (expire(group, now)) changedPending = true
       if (!member.inGroup) return "lost"
       member.lastHeartbeat = now
+      if (expireTransactions(now)) changedPending = true
       const events = member.pendingEvents
       member.pendingEvents = []
       return events.concat(fetch(member))
@@ -498,8 +549,14 @@ const makeBroker = (options: Options) =>
       const offsets = new Map<number, Array<bigint>>()
       for (const [partition, builders] of planned.byPartition) {
         const log = topic.partitions[partition]!
-        offsets.set(partition, memoryLog.append(log, builders, transaction !== "abort"))
-        if (transaction !== undefined) memoryLog.appendMarker(log)
+        if (transaction === undefined) {
+          offsets.set(partition, memoryLog.append(log, builders))
+        } else {
+          const txn: memoryLog.Txn = { state: "open" }
+          offsets.set(partition, memoryLog.appendTransactional(log, builders, txn))
+          txn.state = transaction === "commit" ? "committed" : "aborted"
+          memoryLog.appendMarker(log)
+        }
       }
       const taken = new Map<number, number>()
       return planned.order.map((partition) => {
@@ -520,6 +577,45 @@ const makeBroker = (options: Options) =>
       })
 
     const lookup = (memberId: string) => Option.fromNullable(members.get(memberId))
+
+    interface TransactionalProducerState {
+      epoch: number
+      timeoutMillis: number
+      open: { readonly txn: memoryLog.Txn; readonly logs: Set<memoryLog.PartitionLog>; readonly at: number } | undefined
+    }
+    const producers = new Map<string, TransactionalProducerState>()
+
+    /** Ends an open transaction on every partition it wrote to. */
+    const finish = (state: TransactionalProducerState, outcome: "committed" | "aborted") => {
+      const open = state.open
+      if (open === undefined) return
+      state.open = undefined
+      open.txn.state = outcome
+      for (const log of open.logs) memoryLog.appendMarker(log)
+    }
+
+    /** The broker aborts transactions open longer than their timeout, and fences their producer. */
+    const expireTransactions = (now: number): boolean => {
+      let any = false
+      for (const state of producers.values()) {
+        if (state.open !== undefined && now - state.open.at > state.timeoutMillis) {
+          finish(state, "aborted")
+          state.epoch++
+          any = true
+        }
+      }
+      return any
+    }
+
+    const fencedBy = (transactionalId: string, epoch: number): TransactionalProducerState | string => {
+      const state = producers.get(transactionalId)
+      if (state === undefined) return `producer "${transactionalId}" was never initialized`
+      if (state.epoch !== epoch) {
+        return `producer "${transactionalId}" with epoch ${epoch} was fenced by epoch ${state.epoch} (a newer ` +
+          "producer with the same transactional id started, or the broker aborted a transaction that timed out)"
+      }
+      return state
+    }
 
     const service: Context.Tag.Service<InMemoryKafka> = {
       createTopic: (topic, partitions, topicOptions) =>
@@ -590,6 +686,66 @@ const makeBroker = (options: Options) =>
           const member = members.get(memberId)
           if (member !== undefined) member.frozen = false
           return notify
+        }),
+      initProducer: (transactionalId, transactionTimeout) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          expireTransactions(now)
+          const state = producers.get(transactionalId) ?? { epoch: -1, timeoutMillis: 0, open: undefined }
+          finish(state, "aborted")
+          state.epoch++
+          state.timeoutMillis = Duration.toMillis(Duration.decode(transactionTimeout))
+          producers.set(transactionalId, state)
+          yield* notify
+          return state.epoch
+        }),
+      transactionalProduce: (transactionalId, epoch, topicName, records) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          if (expireTransactions(now)) yield* notify
+          const state = fencedBy(transactionalId, epoch)
+          if (typeof state === "string") {
+            return yield* new ProduceFailed({ reason: "Fenced", topic: topicName, code: "PRODUCER_FENCED", detail: state })
+          }
+          const topic = topics.get(topicName)
+          if (topic === undefined) return yield* producer.unknownTopic(topicName)
+          const planned = yield* plan("transactionalProduce", topic, records, now).pipe(
+            Effect.mapError((e) => new ProduceFailed({ reason: "UnknownPartition", topic: topicName, detail: e.reason }))
+          )
+          if (state.open === undefined) state.open = { txn: { state: "open" }, logs: new Set(), at: now }
+          const open = state.open
+          const offsets = new Map<number, Array<bigint>>()
+          for (const [partition, builders] of planned.byPartition) {
+            const log = topic.partitions[partition]!
+            open.logs.add(log)
+            offsets.set(partition, memoryLog.appendTransactional(log, builders, open.txn))
+          }
+          yield* notify
+          const taken = new Map<number, number>()
+          return planned.order.map((partition) => {
+            const at = taken.get(partition) ?? 0
+            taken.set(partition, at + 1)
+            return [partition, offsets.get(partition)![at]!] as const
+          })
+        }),
+      endTransaction: (transactionalId, epoch, outcome, offsets = []) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          if (expireTransactions(now)) yield* notify
+          const state = fencedBy(transactionalId, epoch)
+          if (typeof state === "string") {
+            return yield* producer.transactionFailed(transactionalId, outcome, "Fenced", state)
+          }
+          if (outcome === "commit") {
+            for (const { groupId, positions } of offsets) {
+              const group = groupOf(groupId)
+              for (const { next, partition, topic } of positions) {
+                group.committed.set(TopicPartition.key({ topic, partition }), next)
+              }
+            }
+          }
+          finish(state, outcome === "commit" ? "committed" : "aborted")
+          yield* notify
         }),
       refuseCommits: (groupId, reason, times = 1) =>
         Effect.sync(() => {
@@ -692,6 +848,54 @@ export const committed = (groupId: string): Effect.Effect<OffsetBatch.OffsetBatc
   )
 
 /**
+ * A batch written through `produce`: partitions chosen as the Java client does, unknown topics and partitions refused
+ * per record.
+ */
+const makeWrite = (
+  kafka: Context.Tag.Service<InMemoryKafka>,
+  resolved: producer.Resolved,
+  produce: (
+    topic: string,
+    records: ReadonlyArray<ProducerRecord>
+  ) => Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, ProduceFailed>
+) => {
+  const partitioner = producer.makePartitioner()
+  return (batch: ReadonlyArray<producer.Prepared>) =>
+    Effect.gen(function*() {
+      const counts = new Map<string, Either.Either<number, ProduceFailed>>()
+      for (const record of batch) {
+        if (counts.has(record.topic)) continue
+        const ends = yield* Effect.either(kafka.endOffsets(record.topic))
+        counts.set(
+          record.topic,
+          Either.isRight(ends) ? Either.right(ends.right.length) : Either.left(producer.unknownTopic(record.topic))
+        )
+      }
+      const { out, placed } = producer.place(batch, counts, partitioner)
+      for (const [topic, list] of producer.groupBy(placed, (p) => p.record.topic)) {
+        const records: Array<ProducerRecord> = list.map(({ partition, record }) => ({
+          key: record.key,
+          value: record.value,
+          partition,
+          ...(record.headers === undefined ? {} : { headers: record.headers }),
+          ...(record.timestamp === undefined ? {} : { timestamp: record.timestamp })
+        }))
+        const written = yield* Effect.either(produce(topic, records))
+        list.forEach(({ index }, i) => {
+          out[index] = Either.isRight(written)
+            ? Either.right({
+              topic,
+              partition: written.right[i]![0],
+              offset: resolved.acks === 0 ? -1n : written.right[i]![1]
+            })
+            : Either.left(written.left)
+        })
+      }
+      return out.map((written) => written!)
+    })
+}
+
+/**
  * The `Producer` on the in-memory broker, with the same settings, batching, partitioning and errors as
  * `KafkaJs.layerProducer`: a key goes to its murmur2 partition, as with the Java client; a topic that does not exist
  * fails with `UnknownTopic`, a partition it does not have with `UnknownPartition`, a record larger than
@@ -706,40 +910,63 @@ export const layerProducer = (settings: ProducerSettings = {}): Layer.Layer<Prod
     Effect.gen(function*() {
       const resolved = yield* producer.resolve(settings)
       const kafka = yield* InMemoryKafka
-      const partitioner = producer.makePartitioner()
-      const write = (batch: ReadonlyArray<producer.Prepared>) =>
-        Effect.gen(function*() {
-          const counts = new Map<string, Either.Either<number, ProduceFailed>>()
-          for (const record of batch) {
-            if (counts.has(record.topic)) continue
-            const ends = yield* Effect.either(kafka.endOffsets(record.topic))
-            counts.set(
-              record.topic,
-              Either.isRight(ends) ? Either.right(ends.right.length) : Either.left(producer.unknownTopic(record.topic))
-            )
-          }
-          const { out, placed } = producer.place(batch, counts, partitioner)
-          for (const [topic, list] of producer.groupBy(placed, (p) => p.record.topic)) {
-            const records: Array<ProducerRecord> = list.map(({ partition, record }) => ({
-              key: record.key,
-              value: record.value,
-              partition,
-              ...(record.headers === undefined ? {} : { headers: record.headers }),
-              ...(record.timestamp === undefined ? {} : { timestamp: record.timestamp })
-            }))
-            const written = yield* Effect.either(kafka.produce(topic, records))
-            list.forEach(({ index }, i) => {
-              out[index] = Either.isRight(written)
-                ? Either.right({
-                  topic,
-                  partition: written.right[i]![0],
-                  offset: resolved.acks === 0 ? -1n : written.right[i]![1]
-                })
-                : Either.left(new ProduceFailed({ reason: "Other", topic, detail: written.left.message }))
-            })
-          }
-          return out.map((written) => written!)
-        })
+      const write = makeWrite(kafka, resolved, (topic, records) =>
+        Effect.mapError(
+          kafka.produce(topic, records),
+          (error) => new ProduceFailed({ reason: "Other", topic, detail: error.message })
+        ))
       return yield* producer.make(resolved, { write })
     })
   )
+
+/**
+ * A `TransactionalProducer` on the in-memory broker. Starting it fences earlier producers with the same
+ * `transactionalId` (their open transaction is aborted); its transactions are invisible to read-committed consumers
+ * until they commit, and a partition is read-committed only up to the oldest transaction still open on it.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerTransactionalProducer = (
+  settings: TransactionalSettings
+): Layer.Layer<TransactionalProducer, ConfigError | TransactionFailed, InMemoryKafka> =>
+  Layer.effect(
+    TransactionalProducer,
+    Effect.gen(function*() {
+      const { resolved, transactionTimeout, transactionalId } = yield* producer.resolveTransactional(settings)
+      const kafka = yield* InMemoryKafka
+      return yield* producer.makeTransactional(resolved, transactionClient(kafka, resolved, transactionalId, transactionTimeout))
+    })
+  )
+
+const transactionClient = (
+  kafka: Context.Tag.Service<InMemoryKafka>,
+  resolved: producer.Resolved,
+  transactionalId: string,
+  transactionTimeout: Duration.Duration
+): producer.TxnClient => {
+  let epoch = -1
+  const write = makeWrite(kafka, resolved, (topic, records) =>
+    kafka.transactionalProduce(transactionalId, epoch, topic, records))
+  return {
+    transactionalId,
+    init: Effect.map(kafka.initProducer(transactionalId, transactionTimeout), (e) => {
+      epoch = e
+    }),
+    begin: Effect.sync(() => {
+      const offsets: Array<{
+        readonly groupId: string
+        readonly positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
+      }> = []
+      return {
+        write,
+        sendOffsets: (groupId, positions) =>
+          Effect.sync(() => {
+            offsets.push({ groupId, positions })
+          }),
+        commit: kafka.endTransaction(transactionalId, epoch, "commit", offsets),
+        abort: kafka.endTransaction(transactionalId, epoch, "abort")
+      }
+    })
+  }
+}

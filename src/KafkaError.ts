@@ -266,3 +266,29 @@ export class ProduceFailed extends Schema.TaggedError<ProduceFailed>()("ProduceF
     return `Producing to ${where} failed (${this.reason}${code})${this.detail === undefined ? "" : `: ${this.detail}`}`
   }
 }
+
+/**
+ * A transaction of a transactional producer could not begin, commit or abort:
+ *
+ * - `Fenced`: a newer producer with the same transactional id has started (its `init` bumped the epoch and aborted
+ *   this producer's open transaction): this one can write nothing more, and none of its open transaction lands;
+ * - `Aborted`: a send of the transaction failed, so it could not commit: it was aborted, and nothing of it lands;
+ * - `Timeout`, `Disconnected`: the cluster did not answer in time or could not be reached; an open transaction the
+ *   broker does not hear the end of is aborted after its transaction timeout;
+ * - `Other`: any other refusal; `detail` says what the client said.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class TransactionFailed extends Schema.TaggedError<TransactionFailed>()("TransactionFailed", {
+  transactionalId: Schema.String,
+  operation: Schema.Literal("init", "begin", "sendOffsets", "commit", "abort"),
+  reason: Schema.Literal("Fenced", "Aborted", "Timeout", "Disconnected", "Other"),
+  detail: Schema.optional(Schema.String)
+}) {
+  override get message(): string {
+    return `Transaction ${this.operation} of producer "${this.transactionalId}" failed (${this.reason})${
+      this.detail === undefined ? "" : `: ${this.detail}`
+    }`
+  }
+}

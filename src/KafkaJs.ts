@@ -5,7 +5,7 @@
  *
  * @since 0.1.0
  */
-import type * as Duration from "effect/Duration"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
@@ -14,13 +14,18 @@ import * as Schedule from "effect/Schedule"
 import { Partitioners } from "kafkajs"
 import type { Message } from "kafkajs"
 import { Driver } from "./Driver.js"
-import type { ConfigError } from "./KafkaError.js"
+import type { ConfigError, TransactionFailed } from "./KafkaError.js"
 import { DriverError } from "./KafkaError.js"
 import * as internal from "./internal/kafkajs.js"
 import * as kafkajsProducer from "./internal/kafkajsProducer.js"
 import * as session from "./internal/kafkajsSession.js"
 import * as producerInternal from "./internal/producer.js"
-import { Producer, type Settings as ProducerSettings } from "./Producer.js"
+import {
+  Producer,
+  type Settings as ProducerSettings,
+  TransactionalProducer,
+  type TransactionalSettings
+} from "./Producer.js"
 
 /**
  * What kafkajs itself logs, through Effect's logger.
@@ -114,7 +119,10 @@ export interface Config extends ConnectionConfig {
   readonly minBytes?: number | undefined
   readonly maxBytes?: number | undefined
   readonly maxBytesPerPartition?: number | undefined
-  /** Read records of open and aborted transactions too. Default `false` (read committed). */
+  /**
+   * Read records of open and aborted transactions too, for sessions that do not say (a consumer's `isolationLevel`
+   * takes precedence). Default `false` (read committed).
+   */
   readonly readUncommitted?: boolean | undefined
 }
 
@@ -268,6 +276,47 @@ export const layerProducer = (config: ProducerConfig): Layer.Layer<Producer, Con
         runtime
       )
       return yield* kafkajsProducer.make(client, resolved, retry?.retries)
+    })
+  )
+
+/**
+ * Connection settings and transactional producer settings (see `Producer.TransactionalSettings`).
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface TransactionalProducerConfig extends ConnectionConfig, TransactionalSettings {}
+
+/**
+ * A `TransactionalProducer` on kafkajs: one kafkajs producer with the transactional id, idempotent, one batch in
+ * flight. Starting the layer fences earlier producers with the same id (kafkajs's InitProducerId, sent by an empty
+ * transaction that is aborted at once); each `transaction` is a kafkajs transaction, whose sends are batched and
+ * partitioned as `layerProducer`'s are.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerTransactionalProducer = (
+  config: TransactionalProducerConfig
+): Layer.Layer<TransactionalProducer, ConfigError | DriverError | TransactionFailed> =>
+  Layer.scoped(
+    TransactionalProducer,
+    Effect.gen(function*() {
+      const { resolved, transactionTimeout, transactionalId } = yield* producerInternal.resolveTransactional(config)
+      const runtime = yield* Effect.runtime<never>()
+      const { retry, ...connection } = config
+      const client = yield* internal.makeClientConfig(
+        { ...connection, ...(retry === undefined ? {} : { retry }) },
+        runtime
+      )
+      const txnClient = yield* kafkajsProducer.makeTransactionClient(
+        client,
+        resolved,
+        transactionalId,
+        Duration.toMillis(transactionTimeout),
+        retry?.retries
+      )
+      return yield* producerInternal.makeTransactional(resolved, txnClient)
     })
   )
 

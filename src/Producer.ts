@@ -15,7 +15,7 @@
 import * as Context from "effect/Context"
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import type { ProduceFailed } from "./KafkaError.js"
+import type { ProduceFailed, TransactionFailed } from "./KafkaError.js"
 
 /**
  * A record to write. `value` `null` is a tombstone (on a compacted topic, it deletes the key). Without `partition`,
@@ -147,3 +147,54 @@ export const sendAll = (
  * @category accessors
  */
 export const flush: Effect.Effect<void, never, Producer> = Effect.flatMap(Producer, (producer) => producer.flush)
+
+/**
+ * Settings of a transactional producer: those of every producer (it is always idempotent, with acks "all"), its
+ * transactional id, and how long a transaction may stay open before the broker aborts it.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface TransactionalSettings extends Omit<Settings, "acks" | "idempotent" | "maxInFlightRequests"> {
+  /**
+   * Names the producer across restarts. A producer that starts with the id of an earlier one fences it: the earlier
+   * one's open transaction is aborted and it can write nothing more (`Fenced`).
+   */
+  readonly transactionalId: string
+  /** The broker aborts a transaction open for longer (`transaction.timeout.ms`). Default 60 seconds. */
+  readonly transactionTimeout?: Duration.DurationInput | undefined
+}
+
+/**
+ * A transactional producer. `transaction(body)` runs `body` with a `Producer` whose sends go into one Kafka
+ * transaction: when `body` succeeds and every send succeeded, the transaction commits; when `body` fails, a send
+ * failed, or the fiber is interrupted, it is aborted. Consumers reading `read_committed` see all of a committed
+ * transaction's records and none of an aborted one's. Transactions of one producer run one after another.
+ *
+ * When the layer starts, the producer fences every earlier producer with the same `transactionalId`: a zombie
+ * (a paused or partitioned instance the rest of the system has replaced) can commit nothing after that. Its sends fail
+ * with `ProduceFailed` (`Fenced`), its commits with `TransactionFailed` (`Fenced`).
+ *
+ * @since 0.1.0
+ * @category tags
+ */
+export class TransactionalProducer extends Context.Tag("effect-kafka-delivery/TransactionalProducer")<
+  TransactionalProducer,
+  {
+    readonly transactionalId: string
+    readonly transaction: <A, E, R>(
+      body: Effect.Effect<A, E, R>
+    ) => Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer>>
+  }
+>() {}
+
+/**
+ * Runs `body` in a transaction of the `TransactionalProducer` (see there).
+ *
+ * @since 0.1.0
+ * @category transactions
+ */
+export const transaction = <A, E, R>(
+  body: Effect.Effect<A, E, R>
+): Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer> | TransactionalProducer> =>
+  Effect.flatMap(TransactionalProducer, (producer) => producer.transaction(body))

@@ -18,6 +18,7 @@ import { settled } from "./support/kit.js"
 producerSuite(
   "InMemoryKafka producer",
   (settings) => InMemoryKafka.layerProducer(settings),
+  (settings) => InMemoryKafka.layerTransactionalProducer(settings),
   () =>
     Layer.provideMerge(
       Layer.effect(

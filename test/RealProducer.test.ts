@@ -15,6 +15,7 @@ if (brokers) {
   producerSuite(
     "KafkaJs producer",
     (settings) => KafkaJs.layerProducer({ brokers: list, clientId: "producer-suite", logLevel: "nothing", ...settings }),
+    (settings) => KafkaJs.layerTransactionalProducer({ brokers: list, logLevel: "nothing", ...settings }),
     () =>
       Layer.merge(
         KafkaJs.layer({ brokers: list, clientId: "producer-suite-reader", maxWaitTime: "100 millis", logLevel: "error" }),

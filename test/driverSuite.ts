@@ -16,7 +16,7 @@ import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import { valueString } from "../src/ConsumerRecord.js"
-import type { DriverEvent, DriverSession, Subscription } from "../src/Driver.js"
+import type { DriverEvent, DriverSession, IsolationLevel, Subscription } from "../src/Driver.js"
 import { Driver } from "../src/Driver.js"
 import { CommitFailed } from "../src/KafkaError.js"
 import * as OffsetBatch from "../src/OffsetBatch.js"
@@ -144,7 +144,14 @@ export const driverSuite = (
   /** Long enough that a member holding a revoke would have been evicted had nothing kept its session. */
   const holdLonger = Duration.sum(sessionTimeout, Duration.seconds(2))
 
-  const sessionOptions = (groupId: string, subscription: Subscription, member: string, maxPollRecords: number) => ({
+  const sessionOptions = (
+    groupId: string,
+    subscription: Subscription,
+    member: string,
+    maxPollRecords: number,
+    isolationLevel: IsolationLevel = "read_committed"
+  ) => ({
+    isolationLevel,
     groupId,
     clientId: member,
     subscription,
@@ -162,12 +169,16 @@ export const driverSuite = (
     memberName: string,
     groupId: string,
     subscription: Subscription,
-    config: { readonly autoRelease?: boolean; readonly maxPollRecords?: number } = {}
+    config: {
+      readonly autoRelease?: boolean
+      readonly maxPollRecords?: number
+      readonly isolationLevel?: IsolationLevel
+    } = {}
   ) =>
     Effect.gen(function*() {
       const driver = yield* Driver
       const session = yield* driver.connect(
-        sessionOptions(groupId, subscription, memberName, config.maxPollRecords ?? 500)
+        sessionOptions(groupId, subscription, memberName, config.maxPollRecords ?? 500, config.isolationLevel)
       )
       const member: Member = {
         name: memberName,
@@ -560,6 +571,22 @@ export const driverSuite = (
         assert.strictEqual(chunksOf(next, topic, 0)[0]!.from, 17n)
         assert.deepStrictEqual(valuesOf(next, topic, 0), ["after"])
         assert.deepStrictEqual(offsetsOf(next, topic, 0), [17n])
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("read_uncommitted reads the records of aborted transactions too; read_committed never", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("isolation")
+        yield* kit.createTopic(topic, 1)
+        yield* kit.produceTransaction(topic, 0, ["x0", "x1"], "abort")
+        yield* kit.produceTransaction(topic, 0, ["c0"], "commit")
+        yield* kit.produce(topic, 0, ["p0"])
+        const dirty = yield* join("dirty", unique("group"), topics(topic), { isolationLevel: "read_uncommitted" })
+        const clean = yield* join("clean", unique("group"), topics(topic))
+        yield* pollUntil([dirty, clean], "every record", () =>
+          valuesOf(dirty, topic, 0).includes("p0") && valuesOf(clean, topic, 0).includes("p0"))
+        assert.deepStrictEqual(valuesOf(dirty, topic, 0), ["x0", "x1", "c0", "p0"])
+        assert.deepStrictEqual(valuesOf(clean, topic, 0), ["c0", "p0"])
       }).pipe(Effect.provide(env)), testTimeout)
 
     it.scopedLive("a compacted topic returns the latest record of each key, with gaps between their offsets", () =>

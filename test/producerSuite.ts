@@ -6,6 +6,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Context from "effect/Context"
+import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
@@ -14,8 +15,8 @@ import * as Layer from "effect/Layer"
 import * as Scope from "effect/Scope"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import { keyString, valueString } from "../src/ConsumerRecord.js"
-import { Driver } from "../src/Driver.js"
-import { ConfigError, type DriverError, ProduceFailed } from "../src/KafkaError.js"
+import { Driver, type IsolationLevel } from "../src/Driver.js"
+import { ConfigError, type DriverError, ProduceFailed, TransactionFailed } from "../src/KafkaError.js"
 import * as Producer from "../src/Producer.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 
@@ -31,10 +32,15 @@ export interface ProducerSuiteOptions {
 const decoder = new TextDecoder()
 
 /**
- * Every record of the topic's partitions, read from offset 0 to each partition's latest offset through the layer's
- * `Driver`, in offset order per partition.
+ * A reader of the topic's partitions from offset 0, through the layer's `Driver`: each `read` returns, per partition,
+ * the records that arrived since the previous one, reading until every partition's position has reached its latest
+ * offset (for read_committed, the last stable offset) or, with `atLeast`, until that many records were read in all.
  */
-export const readTopic = (topic: string, partitions: number) =>
+export const makeReader = (
+  topic: string,
+  partitions: number,
+  options: { readonly isolationLevel?: IsolationLevel } = {}
+) =>
   Effect.gen(function*() {
     const driver = yield* Driver
     const tps = Array.from({ length: partitions }, (_, partition) => ({ topic, partition }))
@@ -45,32 +51,49 @@ export const readTopic = (topic: string, partitions: number) =>
       maxPollRecords: 1000,
       pollTimeout: Duration.millis(100),
       sessionTimeout: Duration.seconds(10),
-      rebalanceTimeout: Duration.seconds(20)
+      rebalanceTimeout: Duration.seconds(20),
+      isolationLevel: options.isolationLevel ?? "read_committed"
     })
-    const offsets = yield* session.offsets(tps)
     const positions = new Map<string, bigint>()
-    const out = new Map<string, Array<ConsumerRecord>>()
-    const done = () => tps.every((tp) => (positions.get(TopicPartition.key(tp)) ?? -1n) >= offsets.get(TopicPartition.key(tp))!.latest)
-    const started = Date.now()
-    while (!done()) {
-      if (Date.now() - started > 30_000) return yield* Effect.die(new Error(`${topic} not read to its end in 30 s`))
-      for (const event of yield* session.poll) {
-        if (event._tag === "Assigned") {
-          for (const tp of event.partitions) {
-            yield* session.seek(tp, 0n)
-            positions.set(TopicPartition.key(tp), 0n)
+    const read = (atLeast?: number) =>
+      Effect.gen(function*() {
+        const offsets = yield* session.offsets(tps)
+        const out = new Map<string, Array<ConsumerRecord>>()
+        const done = () =>
+          atLeast !== undefined
+            ? [...out.values()].reduce((n, list) => n + list.length, 0) >= atLeast
+            : tps.every((tp) =>
+              (positions.get(TopicPartition.key(tp)) ?? -1n) >= offsets.get(TopicPartition.key(tp))!.latest
+            )
+        const started = Date.now()
+        while (!done()) {
+          if (Date.now() - started > 30_000) return yield* Effect.die(new Error(`${topic} not read to its end in 30 s`))
+          for (const event of yield* session.poll) {
+            if (event._tag === "Assigned") {
+              for (const tp of event.partitions) {
+                yield* session.seek(tp, 0n)
+                positions.set(TopicPartition.key(tp), 0n)
+              }
+            } else if (event._tag === "Records") {
+              const k = TopicPartition.key(event.partition)
+              positions.set(k, event.next)
+              const list = out.get(k) ?? []
+              list.push(...Chunk.toReadonlyArray(event.records))
+              out.set(k, list)
+            }
           }
-        } else if (event._tag === "Records") {
-          const k = TopicPartition.key(event.partition)
-          positions.set(k, event.next)
-          const list = out.get(k) ?? []
-          list.push(...Chunk.toReadonlyArray(event.records))
-          out.set(k, list)
         }
-      }
-    }
-    return tps.map((tp) => out.get(TopicPartition.key(tp)) ?? [])
-  }).pipe(Effect.scoped)
+        return tps.map((tp) => out.get(TopicPartition.key(tp)) ?? [])
+      })
+    return { read }
+  })
+
+/** Every record of the topic's partitions, read once from offset 0 (see `makeReader`). */
+export const readTopic = (
+  topic: string,
+  partitions: number,
+  options: { readonly isolationLevel?: IsolationLevel; readonly atLeast?: number } = {}
+) => Effect.flatMap(makeReader(topic, partitions, options), (reader) => reader.read(options.atLeast)).pipe(Effect.scoped)
 
 /**
  * The partitions Kafka's Java client puts these keys on among 6 partitions: `(murmur2(key) & 0x7fffffff) % 6`, with
@@ -90,6 +113,9 @@ const javaHashes: ReadonlyArray<readonly [string, number]> = [
 export const producerSuite = <R>(
   name: string,
   producerLayer: (settings: Producer.Settings) => Layer.Layer<Producer.Producer, ConfigError | DriverError, R>,
+  transactionalLayer: (
+    settings: Producer.TransactionalSettings
+  ) => Layer.Layer<Producer.TransactionalProducer, ConfigError | DriverError | TransactionFailed, R>,
   environment: () => Layer.Layer<Driver | ProducerTestKit | R, unknown>,
   options: ProducerSuiteOptions = {}
 ) => {
@@ -316,6 +342,142 @@ export const producerSuite = <R>(
         const metadata = yield* Fiber.join(pending)
         assert.strictEqual(metadata.offset, 0n)
       }).pipe((e) => withProducer({ linger: "1 hour" }, e)), timeout)
+  })
+
+  describe(`${name}: transactions`, () => {
+    /** Runs `body` with the environment built once, so that several producers share one cluster. */
+    const withEnvironment = <A, E>(
+      body: (
+        transactional: (id: string) => Effect.Effect<Context.Tag.Service<typeof Producer.TransactionalProducer>, unknown, Scope.Scope>
+      ) => Effect.Effect<A, E, Producer.Producer | Driver | ProducerTestKit | Scope.Scope>
+    ) =>
+      Effect.gen(function*() {
+        const context = yield* Layer.build(Layer.provideMerge(producerLayer({ linger: 0 }), environment()))
+        const transactional = (id: string) =>
+          Layer.build(transactionalLayer({ transactionalId: id, linger: "2 millis" })).pipe(
+            Effect.map((built) => Context.get(built, Producer.TransactionalProducer)),
+            Effect.provide(context)
+          )
+        return yield* body(transactional).pipe(Effect.provide(context))
+      }).pipe(Effect.scoped)
+
+    it.live("a committed transaction's records are read together; an aborted one's never, by read_committed", () =>
+      withEnvironment((transactional) =>
+        Effect.gen(function*() {
+          const topic = topicName("txn")
+          yield* createTopic(topic, 2)
+          const producer = yield* transactional(`txn-${topic}`)
+          const written = yield* producer.transaction(
+            Producer.sendAll(Array.from({ length: 10 }, (_, i) => ({ topic, key: `${i}`, value: `committed-${i}` })))
+          )
+          const failure = yield* Effect.flip(producer.transaction(
+            Effect.zipRight(
+              Producer.sendAll(Array.from({ length: 5 }, (_, i) => ({ topic, key: `${i}`, value: `aborted-${i}` }))),
+              Effect.fail("the handler gave up" as const)
+            )
+          ))
+          assert.strictEqual(failure, "the handler gave up")
+          const after = yield* Producer.send({ topic, partition: 0, value: "plain" })
+          const committed = (yield* readTopic(topic, 2)).flat().map(valueString)
+          assert.sameMembers(committed, [...Array.from({ length: 10 }, (_, i) => `committed-${i}`), "plain"])
+          for (const m of written) assert.isTrue(m.offset >= 0n)
+          // Markers and aborted records take offsets: the plain record lands past them.
+          const zero = written.filter((m) => m.partition === 0).length
+          assert.isTrue(after.offset > BigInt(zero), `plain record at ${after.offset}`)
+          const uncommitted = (yield* readTopic(topic, 2, { isolationLevel: "read_uncommitted", atLeast: 16 })).flat()
+            .map(valueString)
+          assert.includeMembers(uncommitted, Array.from({ length: 5 }, (_, i) => `aborted-${i}`))
+        })), timeout)
+
+    it.live("an interrupted transaction is aborted", () =>
+      withEnvironment((transactional) =>
+        Effect.gen(function*() {
+          const topic = topicName("txn-interrupt")
+          yield* createTopic(topic, 1)
+          const producer = yield* transactional(`txn-${topic}`)
+          const sent = yield* Deferred.make<void>()
+          const fiber = yield* Effect.fork(producer.transaction(
+            Effect.gen(function*() {
+              yield* Producer.send({ topic, value: "interrupted" })
+              yield* Deferred.succeed(sent, undefined)
+              return yield* Effect.never
+            })
+          ))
+          yield* Deferred.await(sent)
+          yield* Fiber.interrupt(fiber)
+          yield* producer.transaction(Producer.send({ topic, value: "next" }))
+          const log = yield* readTopic(topic, 1)
+          assert.deepStrictEqual(log[0]!.map(valueString), ["next"])
+        })), timeout)
+
+    it.live("an open transaction holds read_committed readers of its partition at its first record", () =>
+      withEnvironment((transactional) =>
+        Effect.gen(function*() {
+          const topic = topicName("txn-lso")
+          yield* createTopic(topic, 1)
+          yield* Producer.send({ topic, value: "before" })
+          const producer = yield* transactional(`txn-${topic}`)
+          const inside = yield* Deferred.make<void>()
+          const release = yield* Deferred.make<void>()
+          const fiber = yield* Effect.fork(producer.transaction(
+            Effect.gen(function*() {
+              yield* Producer.send({ topic, value: "in the transaction" })
+              yield* Deferred.succeed(inside, undefined)
+              yield* Deferred.await(release)
+            })
+          ))
+          yield* Deferred.await(inside)
+          yield* Producer.send({ topic, value: "after" })
+          // One reader, which goes on from where it stopped: it must stop before the open transaction, not pass it.
+          const reader = yield* makeReader(topic, 1)
+          const during = yield* reader.read()
+          assert.deepStrictEqual(during[0]!.map(valueString), ["before"])
+          yield* Deferred.succeed(release, undefined)
+          yield* Fiber.join(fiber)
+          const rest = yield* reader.read()
+          assert.deepStrictEqual(rest[0]!.map(valueString), ["in the transaction", "after"])
+        })), timeout)
+
+    it.live("a producer started with the same transactional id fences the earlier one: its open transaction never lands", () =>
+      withEnvironment((transactional) =>
+        Effect.gen(function*() {
+          const topic = topicName("txn-fence")
+          yield* createTopic(topic, 1)
+          const id = `txn-${topic}`
+          const zombie = yield* transactional(id)
+          const inside = yield* Deferred.make<void>()
+          const release = yield* Deferred.make<void>()
+          const late = yield* Effect.fork(Effect.flip(zombie.transaction(
+            Effect.gen(function*() {
+              yield* Producer.send({ topic, value: "zombie" })
+              yield* Deferred.succeed(inside, undefined)
+              yield* Deferred.await(release)
+            })
+          )))
+          yield* Deferred.await(inside)
+          const successor = yield* transactional(id)
+          yield* Deferred.succeed(release, undefined)
+          const error = yield* Fiber.join(late)
+          assert.instanceOf(error, TransactionFailed)
+          assert.strictEqual(error.reason, "Fenced")
+          assert.include(error.message, id)
+          const again = yield* Effect.flip(zombie.transaction(Producer.send({ topic, value: "zombie again" })))
+          assert.isTrue(
+            (again instanceof ProduceFailed && again.reason === "Fenced") ||
+              (again instanceof TransactionFailed && (again.reason === "Fenced" || again.reason === "Aborted")),
+            `the fenced producer can write nothing more: ${again.message}`
+          )
+          yield* successor.transaction(Producer.send({ topic, value: "successor" }))
+          const log = yield* readTopic(topic, 1)
+          assert.deepStrictEqual(log[0]!.map(valueString), ["successor"])
+        })), timeout)
+
+    it.live("a transactional id that is blank is refused before connecting", () =>
+      Effect.gen(function*() {
+        const error = yield* Effect.flip(Effect.scoped(Layer.build(transactionalLayer({ transactionalId: " " }))))
+        assert.instanceOf(error, ConfigError)
+        assert.strictEqual((error as ConfigError).field, "transactionalId")
+      }).pipe(Effect.provide(environment())), timeout)
   })
 
   describe(`${name}: producer settings`, () => {

@@ -3,9 +3,9 @@ import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import type * as Scope from "effect/Scope"
-import type { Message, Producer as KafkaProducer, RecordMetadata as KafkaRecordMetadata, TopicMessages } from "kafkajs"
+import type { Admin, Message, RecordMetadata as KafkaRecordMetadata, TopicMessages, Transaction } from "kafkajs"
 import { CompressionTypes } from "kafkajs"
-import { type DriverError, ProduceFailed, type ProduceFailureReason } from "../KafkaError.js"
+import { type DriverError, ProduceFailed, type ProduceFailureReason, type TransactionFailed } from "../KafkaError.js"
 import type { Producer } from "../Producer.js"
 import {
   causeChain,
@@ -77,11 +77,126 @@ const toBuffer = (bytes: Uint8Array): Buffer =>
 /** kafkajs's partitioner is never asked: every message names its partition. */
 const explicitPartition = () => ({ message }: { readonly message: Message }) => message.partition ?? 0
 
+/** kafkajs's `sendBatch`, of a producer or of an open transaction. */
+type SendBatch = (request: {
+  readonly topicMessages: Array<TopicMessages>
+  readonly acks: -1 | 0 | 1
+  readonly timeout: number
+  readonly compression: CompressionTypes
+}) => Promise<Array<KafkaRecordMetadata>>
+
+const connected = <A extends { connect: () => Promise<void>; disconnect: () => Promise<void> }>(client: A) =>
+  Effect.acquireRelease(
+    Effect.as(Effect.tryPromise({ try: () => client.connect(), catch: driverError("connect") }), client),
+    () => Effect.promise(() => client.disconnect()).pipe(Effect.timeoutOption("5 seconds"), Effect.ignore)
+  )
+
 /**
- * The producer service on kafkajs. A kafkajs admin client reads each topic's partition count (cached for five
- * minutes, and read again before a record is refused for naming a partition the topic does not have), so that
- * partitions are chosen here, records for unknown topics or partitions are refused before they are batched with
- * others, and each record's offset is known from its partition's base offset in the answer.
+ * Writes batches with `send`: a kafkajs admin client reads each topic's partition count (cached for five minutes,
+ * and read again before a record is refused for naming a partition the topic does not have), so that partitions are
+ * chosen here, records for unknown topics or partitions are refused before they are batched with others, and each
+ * record's offset is known from its partition's base offset in the answer.
+ */
+const makeWriter = (admin: Admin, resolved: producer.Resolved, send: () => SendBatch) => {
+  const counts = new Map<string, { readonly count: number; readonly at: number }>()
+  const readCount = (topic: string, now: number) =>
+    Effect.tryPromise(() => admin.fetchTopicMetadata({ topics: [topic] })).pipe(
+      Effect.map(({ topics }) => {
+        const found = topics.find((t) => t.name === topic)
+        if (found === undefined || found.partitions.length === 0) return Either.left(producer.unknownTopic(topic))
+        counts.set(topic, { count: found.partitions.length, at: now })
+        return Either.right(found.partitions.length)
+      }),
+      Effect.catchAll(({ error }) =>
+        Effect.succeed(
+          protocolType(error) === "UNKNOWN_TOPIC_OR_PARTITION"
+            ? Either.left(producer.unknownTopic(topic))
+            : Either.left(produceFailed(error, topic, undefined))
+        )
+      )
+    )
+  const partitioner = producer.makePartitioner()
+  const compression = resolved.compression === "gzip" ? CompressionTypes.GZIP : CompressionTypes.None
+
+  const write = (batch: ReadonlyArray<producer.Prepared>) =>
+    Effect.gen(function*() {
+      const now = yield* Clock.currentTimeMillis
+      const known = new Map<string, Either.Either<number, ProduceFailed>>()
+      for (const record of batch) {
+        if (known.has(record.topic)) continue
+        const cached = counts.get(record.topic)
+        const stale = cached === undefined || now - cached.at > METADATA_MAX_AGE ||
+          batch.some((r) => r.topic === record.topic && r.partition !== undefined && r.partition >= cached.count)
+        known.set(record.topic, stale ? yield* readCount(record.topic, now) : Either.right(cached.count))
+      }
+      const { out, placed } = producer.place(batch, known, partitioner)
+      const toMessage = ({ partition, record }: producer.Placed): Message => {
+        const message: Message = {
+          partition,
+          key: record.key === null ? null : toBuffer(record.key),
+          value: record.value === null ? null : toBuffer(record.value)
+        }
+        if (record.headers !== undefined) {
+          const headers: Record<string, Buffer> = {}
+          for (const name in record.headers) headers[name] = toBuffer(record.headers[name]!)
+          message.headers = headers
+        }
+        if (record.timestamp !== undefined) message.timestamp = String(record.timestamp)
+        return message
+      }
+      // Messages per topic in the order sent; per partition, its records in that order.
+      const messages = producer.groupBy(placed, (p) => p.record.topic)
+      const slots = producer.groupBy(placed, (p) => `${p.record.topic}\u0000${p.partition}`)
+      if (messages.size === 0) return out.map((w) => w!)
+
+      const topicMessages: Array<TopicMessages> = []
+      for (const [topic, list] of messages) topicMessages.push({ topic, messages: list.map(toMessage) })
+      const answer = yield* Effect.either(
+        Effect.tryPromise(() =>
+          send()({
+            topicMessages,
+            acks: resolved.acks,
+            timeout: resolved.timeoutMillis,
+            compression
+          })
+        )
+      )
+      const bases = new Map<string, KafkaRecordMetadata>()
+      if (Either.isRight(answer)) {
+        for (const m of answer.right) bases.set(`${m.topicName}\u0000${m.partition}`, m)
+      }
+      for (const [slot, list] of slots) {
+        const { partition, record: { topic } } = list[0]!
+        list.forEach(({ index }, i) => {
+          if (Either.isLeft(answer)) {
+            out[index] = Either.left(produceFailed(answer.left.error, topic, partition))
+            return
+          }
+          const base = bases.get(slot)
+          if (resolved.acks === 0) {
+            out[index] = Either.right({ topic, partition, offset: -1n })
+          } else if (base === undefined || base.baseOffset === undefined || Number(base.errorCode) !== 0) {
+            out[index] = Either.left(
+              new ProduceFailed({
+                reason: "Other",
+                topic,
+                partition,
+                detail: base === undefined ? "the broker did not answer for the partition" :
+                  `the broker answered error code ${base.errorCode}`
+              })
+            )
+          } else {
+            out[index] = Either.right({ topic, partition, offset: BigInt(base.baseOffset) + BigInt(i) })
+          }
+        })
+      }
+      return out.map((w) => w!)
+    })
+  return write
+}
+
+/**
+ * The producer service on kafkajs (see `makeWriter` for how batches are written).
  *
  * @internal
  */
@@ -92,116 +207,99 @@ export const make = (
 ): Effect.Effect<Context.Tag.Service<typeof Producer>, DriverError, Scope.Scope> =>
   Effect.gen(function*() {
     const kafka = makeClient(client)
-    const kafkaProducer: KafkaProducer = kafka.producer({
+    const admin = yield* connected(kafka.admin())
+    const kafkaProducer = yield* connected(kafka.producer({
       idempotent: resolved.idempotent,
       allowAutoTopicCreation: false,
       createPartitioner: explicitPartition,
       ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
+    }))
+    const send: SendBatch = (request) => kafkaProducer.sendBatch(request)
+    return yield* producer.make(resolved, { write: makeWriter(admin, resolved, () => send) })
+  })
+
+const transactionFailed = (transactionalId: string, operation: TransactionFailed["operation"]) => (cause: unknown) => {
+  const type = protocolType(cause)
+  const names = causeChain(cause).map((e) => e.name)
+  const reason: TransactionFailed["reason"] = reasonOfType(type) === "Fenced"
+    ? "Fenced"
+    : names.includes("KafkaJSRequestTimeoutError") || type === "REQUEST_TIMED_OUT"
+    ? "Timeout"
+    : isRetriable(cause)
+    ? "Disconnected"
+    : "Other"
+  return producer.transactionFailed(transactionalId, operation, reason, describe(cause))
+}
+
+/**
+ * A transactional client on kafkajs: one kafkajs producer with the transactional id. `init` opens and aborts an
+ * empty transaction, which makes kafkajs send InitProducerId (bumping the id's epoch, fencing earlier producers and
+ * aborting their open transaction) and sends nothing else.
+ *
+ * @internal
+ */
+export const makeTransactionClient = (
+  client: ClientConfig,
+  resolved: producer.Resolved,
+  transactionalId: string,
+  transactionTimeout: number,
+  retries: number | undefined
+): Effect.Effect<producer.TxnClient, DriverError, Scope.Scope> =>
+  Effect.gen(function*() {
+    const kafka = makeClient(client)
+    const admin = yield* connected(kafka.admin())
+    const kafkaProducer = yield* connected(kafka.producer({
+      transactionalId,
+      transactionTimeout,
+      idempotent: true,
+      maxInFlightRequests: 1,
+      allowAutoTopicCreation: false,
+      createPartitioner: explicitPartition,
+      ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
+    }))
+    let current: Transaction | undefined
+    const send: SendBatch = (request) =>
+      current === undefined ? Promise.reject(new Error("no open transaction")) : current.sendBatch(request)
+    const write = makeWriter(admin, resolved, () => send)
+    const begin = Effect.tryPromise({
+      try: () => kafkaProducer.transaction(),
+      catch: transactionFailed(transactionalId, "begin")
     })
-    const admin = kafka.admin()
-    yield* Effect.acquireRelease(
-      Effect.tryPromise({ try: () => admin.connect(), catch: driverError("connect") }),
-      () => Effect.promise(() => admin.disconnect()).pipe(Effect.timeoutOption("5 seconds"), Effect.ignore)
-    )
-    yield* Effect.acquireRelease(
-      Effect.tryPromise({ try: () => kafkaProducer.connect(), catch: driverError("connect") }),
-      () => Effect.promise(() => kafkaProducer.disconnect()).pipe(Effect.timeoutOption("5 seconds"), Effect.ignore)
-    )
-
-    const counts = new Map<string, { readonly count: number; readonly at: number }>()
-    const readCount = (topic: string, now: number) =>
-      Effect.tryPromise(() => admin.fetchTopicMetadata({ topics: [topic] })).pipe(
-        Effect.map(({ topics }) => {
-          const found = topics.find((t) => t.name === topic)
-          if (found === undefined || found.partitions.length === 0) return Either.left(producer.unknownTopic(topic))
-          counts.set(topic, { count: found.partitions.length, at: now })
-          return Either.right(found.partitions.length)
-        }),
-        Effect.catchAll(({ error }) =>
-          Effect.succeed(
-            protocolType(error) === "UNKNOWN_TOPIC_OR_PARTITION"
-              ? Either.left(producer.unknownTopic(topic))
-              : Either.left(produceFailed(error, topic, undefined))
-          )
-        )
-      )
-    const partitioner = producer.makePartitioner()
-    const compression = resolved.compression === "gzip" ? CompressionTypes.GZIP : CompressionTypes.None
-
-    const write = (batch: ReadonlyArray<producer.Prepared>) =>
-      Effect.gen(function*() {
-        const now = yield* Clock.currentTimeMillis
-        const known = new Map<string, Either.Either<number, ProduceFailed>>()
-        for (const record of batch) {
-          if (known.has(record.topic)) continue
-          const cached = counts.get(record.topic)
-          const stale = cached === undefined || now - cached.at > METADATA_MAX_AGE ||
-            batch.some((r) => r.topic === record.topic && r.partition !== undefined && r.partition >= cached.count)
-          known.set(record.topic, stale ? yield* readCount(record.topic, now) : Either.right(cached.count))
+    return {
+      transactionalId,
+      init: Effect.flatMap(
+        begin,
+        (txn) => Effect.tryPromise({ try: () => txn.abort(), catch: transactionFailed(transactionalId, "init") })
+      ).pipe(Effect.mapError((e) => e.operation === "begin" ? producer.transactionFailed(transactionalId, "init", e.reason, e.detail) : e)),
+      begin: Effect.map(begin, (txn): producer.TxnSession => {
+        current = txn
+        const end = (operation: "commit" | "abort") =>
+          Effect.tryPromise({
+            try: () => operation === "commit" ? txn.commit() : txn.abort(),
+            catch: transactionFailed(transactionalId, operation)
+          }).pipe(Effect.ensuring(Effect.sync(() => {
+            if (current === txn) current = undefined
+          })))
+        return {
+          write,
+          sendOffsets: (groupId, positions) =>
+            Effect.tryPromise({
+              try: () =>
+                txn.sendOffsets({
+                  consumerGroupId: groupId,
+                  topics: Array.from(
+                    producer.groupBy(positions, (p) => p.topic),
+                    ([topic, list]) => ({
+                      topic,
+                      partitions: list.map((p) => ({ partition: p.partition, offset: String(p.next) }))
+                    })
+                  )
+                }),
+              catch: transactionFailed(transactionalId, "sendOffsets")
+            }),
+          commit: end("commit"),
+          abort: end("abort")
         }
-        const { out, placed } = producer.place(batch, known, partitioner)
-        const toMessage = ({ partition, record }: producer.Placed): Message => {
-          const message: Message = {
-            partition,
-            key: record.key === null ? null : toBuffer(record.key),
-            value: record.value === null ? null : toBuffer(record.value)
-          }
-          if (record.headers !== undefined) {
-            const headers: Record<string, Buffer> = {}
-            for (const name in record.headers) headers[name] = toBuffer(record.headers[name]!)
-            message.headers = headers
-          }
-          if (record.timestamp !== undefined) message.timestamp = String(record.timestamp)
-          return message
-        }
-        // Messages per topic in the order sent; per partition, its records in that order.
-        const messages = producer.groupBy(placed, (p) => p.record.topic)
-        const slots = producer.groupBy(placed, (p) => `${p.record.topic}\u0000${p.partition}`)
-        if (messages.size === 0) return out.map((w) => w!)
-
-        const topicMessages: Array<TopicMessages> = []
-        for (const [topic, list] of messages) topicMessages.push({ topic, messages: list.map(toMessage) })
-        const answer = yield* Effect.either(
-          Effect.tryPromise(() =>
-            kafkaProducer.sendBatch({
-              topicMessages,
-              acks: resolved.acks,
-              timeout: resolved.timeoutMillis,
-              compression
-            })
-          )
-        )
-        const bases = new Map<string, KafkaRecordMetadata>()
-        if (Either.isRight(answer)) {
-          for (const m of answer.right) bases.set(`${m.topicName}\u0000${m.partition}`, m)
-        }
-        for (const [slot, list] of slots) {
-          const { partition, record: { topic } } = list[0]!
-          list.forEach(({ index }, i) => {
-            if (Either.isLeft(answer)) {
-              out[index] = Either.left(produceFailed(answer.left.error, topic, partition))
-              return
-            }
-            const base = bases.get(slot)
-            if (resolved.acks === 0) {
-              out[index] = Either.right({ topic, partition, offset: -1n })
-            } else if (base === undefined || base.baseOffset === undefined || Number(base.errorCode) !== 0) {
-              out[index] = Either.left(
-                new ProduceFailed({
-                  reason: "Other",
-                  topic,
-                  partition,
-                  detail: base === undefined ? "the broker did not answer for the partition" :
-                    `the broker answered error code ${base.errorCode}`
-                })
-              )
-            } else {
-              out[index] = Either.right({ topic, partition, offset: BigInt(base.baseOffset) + BigInt(i) })
-            }
-          })
-        }
-        return out.map((w) => w!)
       })
-
-    return yield* producer.make(resolved, { write })
+    }
   })

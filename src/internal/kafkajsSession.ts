@@ -302,7 +302,9 @@ export const connect = (
       heartbeatInterval,
       maxWaitTimeInMs: settings.maxWaitTimeInMs,
       allowAutoTopicCreation: false,
-      readUncommitted: settings.readUncommitted,
+      readUncommitted: options.isolationLevel === undefined
+        ? settings.readUncommitted
+        : options.isolationLevel === "read_uncommitted",
       ...(settings.minBytes === undefined ? {} : { minBytes: settings.minBytes }),
       ...(settings.maxBytes === undefined ? {} : { maxBytes: settings.maxBytes }),
       ...(settings.maxBytesPerPartition === undefined ? {} : { maxBytesPerPartition: settings.maxBytesPerPartition })

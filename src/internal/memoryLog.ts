@@ -13,13 +13,45 @@ import type { PartitionOffsets } from "../Driver.js"
  * @internal
  */
 export interface PartitionLog {
-  /** Readable records, in offset order. */
+  /** Records a read-committed consumer can read, in offset order: all below the last stable offset. */
   records: Array<ConsumerRecord>
   /** The earliest offset still in the log. */
   start: bigint
   /** The offset the next write gets (the high watermark). */
   end: bigint
+  /**
+   * Writes at or above the last stable offset, in offset order: the records of the oldest transaction still open and
+   * everything written after its first record. They become readable (or, aborted, never) as transactions end.
+   */
+  held: Array<Held>
+  /**
+   * Every data record, those of open and aborted transactions too, as a read-uncommitted consumer reads them. Kept
+   * only once the partition has had a transactional write; before that, `records` is the same list.
+   */
+  uncommitted: Array<ConsumerRecord> | undefined
 }
+
+/**
+ * A transaction of a transactional producer, as its partitions see it.
+ *
+ * @internal
+ */
+export interface Txn {
+  state: "open" | "committed" | "aborted"
+}
+
+/** @internal */
+export interface Held {
+  readonly record: ConsumerRecord
+  readonly txn: Txn | undefined
+}
+
+/**
+ * The last stable offset: what a read-committed consumer can read up to. Below it, every transaction has ended.
+ *
+ * @internal
+ */
+export const stable = (log: PartitionLog): bigint => log.held.length > 0 ? log.held[0]!.record.offset : log.end
 
 /** @internal */
 export interface Topic {
@@ -33,11 +65,21 @@ export interface Topic {
 export const makeTopic = (name: string, partitions: number, compacted: boolean): Topic => ({
   name,
   compacted,
-  partitions: Array.from({ length: partitions }, () => ({ records: [], start: 0n, end: 0n }))
+  partitions: Array.from({ length: partitions }, () => ({
+    records: [],
+    start: 0n,
+    end: 0n,
+    held: [],
+    uncommitted: undefined
+  }))
 })
 
-/** @internal */
-export const offsets = (log: PartitionLog): PartitionOffsets => ({ earliest: log.start, latest: log.end })
+/**
+ * The earliest offset and, as a read-committed consumer sees the log, the latest: the last stable offset.
+ *
+ * @internal
+ */
+export const offsets = (log: PartitionLog): PartitionOffsets => ({ earliest: log.start, latest: stable(log) })
 
 /**
  * The index of the first record at or above `position`. Without gaps that is `position` minus the first offset, which
@@ -92,37 +134,41 @@ export const makeReader = () => {
     }
     return Chunk.take(Chunk.drop(view, from), end - from)
   }
-  return (log: PartitionLog, position: bigint, max: number): Fetched => {
+  return (log: PartitionLog, position: bigint, max: number, uncommitted = false): Fetched => {
     if (position < log.start || position > log.end) return outOfRange
-    const records = log.records
+    const records = uncommitted ? log.uncommitted ?? log.records : log.records
+    // A read-committed consumer reads up to the last stable offset; a read-uncommitted one up to the high watermark.
+    const limit = uncommitted ? log.end : stable(log)
+    if (position >= limit) return empty
     const from = lowerBound(records, position)
-    if (from >= records.length) {
-      return position < log.end ? { _tag: "Records", records: Chunk.empty(), next: log.end } : empty
-    }
-    const end = Math.min(from + max, records.length)
+    let end = Math.min(from + max, records.length)
+    while (end > from && records[end - 1]!.offset >= limit) end--
+    if (from >= end) return { _tag: "Records", records: Chunk.empty(), next: limit }
     return {
       _tag: "Records",
       records: slice(records, from, end),
-      next: end === records.length ? log.end : records[end - 1]!.offset + 1n
+      next: end === records.length || records[end]!.offset >= limit ? limit : records[end - 1]!.offset + 1n
     }
   }
 }
 
 /**
- * Appends records (`visible`) or an aborted transaction's records (not visible: they only take offsets), and returns
- * the offsets they got.
+ * Appends records and returns the offsets they got. Behind an open transaction, what is appended waits (`held`) until
+ * the transaction ends.
  *
  * @internal
  */
 export const append = (
   log: PartitionLog,
-  make: ReadonlyArray<(offset: bigint) => ConsumerRecord>,
-  visible: boolean
+  make: ReadonlyArray<(offset: bigint) => ConsumerRecord>
 ): Array<bigint> => {
   const out: Array<bigint> = []
   for (const build of make) {
     const offset = log.end
-    if (visible) log.records.push(build(offset))
+    const record = build(offset)
+    if (log.held.length > 0) log.held.push({ record, txn: undefined })
+    else log.records.push(record)
+    log.uncommitted?.push(record)
     log.end = offset + 1n
     out.push(offset)
   }
@@ -130,12 +176,45 @@ export const append = (
 }
 
 /**
- * A transaction marker (commit or abort): an offset that holds no record.
+ * Appends records of an open transaction: a read-committed consumer reads them once `txn` is committed, never if it
+ * is aborted; a read-uncommitted one reads them at once.
+ *
+ * @internal
+ */
+export const appendTransactional = (
+  log: PartitionLog,
+  make: ReadonlyArray<(offset: bigint) => ConsumerRecord>,
+  txn: Txn
+): Array<bigint> => {
+  if (log.uncommitted === undefined) log.uncommitted = log.records.concat(log.held.map((h) => h.record))
+  const out: Array<bigint> = []
+  for (const build of make) {
+    const offset = log.end
+    const record = build(offset)
+    log.held.push({ record, txn })
+    log.uncommitted.push(record)
+    log.end = offset + 1n
+    out.push(offset)
+  }
+  return out
+}
+
+/**
+ * A transaction marker (commit or abort): an offset that holds no record. Then what was held behind transactions
+ * that have ended becomes readable, up to the oldest transaction still open.
  *
  * @internal
  */
 export const appendMarker = (log: PartitionLog): void => {
   log.end = log.end + 1n
+  let n = 0
+  while (n < log.held.length) {
+    const { record, txn } = log.held[n]!
+    if (txn !== undefined && txn.state === "open") break
+    if (txn === undefined || txn.state === "committed") log.records.push(record)
+    n++
+  }
+  if (n > 0) log.held = log.held.slice(n)
 }
 
 const keyText = (key: Uint8Array): string => {
@@ -154,7 +233,9 @@ export const compact = (log: PartitionLog): void => {
   for (const record of log.records) {
     if (record.key !== null) latest.set(keyText(record.key), record.offset)
   }
-  log.records = log.records.filter((record) => record.key === null || latest.get(keyText(record.key)) === record.offset)
+  const keep = (record: ConsumerRecord) => record.key === null || latest.get(keyText(record.key)) === record.offset
+  log.records = log.records.filter(keep)
+  if (log.uncommitted !== undefined) log.uncommitted = log.uncommitted.filter(keep)
 }
 
 /**
@@ -166,4 +247,5 @@ export const deleteBefore = (log: PartitionLog, before: bigint): void => {
   if (before <= log.start) return
   log.start = before
   log.records = log.records.filter((record) => record.offset >= before)
+  if (log.uncommitted !== undefined) log.uncommitted = log.uncommitted.filter((record) => record.offset >= before)
 }

@@ -9,9 +9,16 @@ import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as FiberId from "effect/FiberId"
 import * as Option from "effect/Option"
-import type * as Scope from "effect/Scope"
-import { ConfigError, ProduceFailed } from "../KafkaError.js"
-import type { Producer, ProducerRecord, RecordMetadata, Settings } from "../Producer.js"
+import * as Scope from "effect/Scope"
+import { ConfigError, ProduceFailed, TransactionFailed } from "../KafkaError.js"
+import {
+  Producer,
+  type ProducerRecord,
+  type RecordMetadata,
+  type Settings,
+  type TransactionalProducer,
+  type TransactionalSettings
+} from "../Producer.js"
 import { positiveDuration } from "./config.js"
 import { partitionOfKey } from "./murmur2.js"
 
@@ -396,13 +403,16 @@ export const make = (
         const batch = cut()
         for (const p of batch) inFlight.add(p)
         running++
-        const writer = yield* Effect.forkDaemon(writeBatch(batch))
+        const writer = yield* Effect.forkDaemon(Effect.interruptible(writeBatch(batch)))
         writers.add(writer)
         writer.addObserver(() => writers.delete(writer))
       }
     })
 
+    // The collector and the writers wait on timeouts: they must be interruptible even when the producer is made in
+    // an uninterruptible region (a transaction is).
     const collectorFiber = yield* collector.pipe(
+      Effect.interruptible,
       Effect.ensuring(Deferred.succeed(drained, undefined)),
       Effect.forkDaemon
     )
@@ -478,4 +488,137 @@ export const make = (
     )
 
     return { send, sendAll, flush }
+  })
+
+/**
+ * One open transaction of a transactional producer, as a transport sees it.
+ *
+ * @internal
+ */
+export interface TxnSession {
+  readonly write: (batch: ReadonlyArray<Prepared>) => Effect.Effect<ReadonlyArray<Written>>
+  /** Commits these positions for the group, with the transaction: they land if it commits, and only then. */
+  readonly sendOffsets: (
+    groupId: string,
+    positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
+  ) => Effect.Effect<void, TransactionFailed>
+  readonly commit: Effect.Effect<void, TransactionFailed>
+  readonly abort: Effect.Effect<void, TransactionFailed>
+}
+
+/**
+ * A transactional producer, as a transport sees it: `init` fences every earlier producer with the same transactional
+ * id (the broker bumps the id's epoch and aborts their open transaction); `begin` opens a transaction.
+ *
+ * @internal
+ */
+export interface TxnClient {
+  readonly transactionalId: string
+  readonly init: Effect.Effect<void, TransactionFailed>
+  readonly begin: Effect.Effect<TxnSession, TransactionFailed>
+}
+
+/** @internal */
+export const transactionFailed = (
+  transactionalId: string,
+  operation: TransactionFailed["operation"],
+  reason: TransactionFailed["reason"],
+  detail?: string
+) => new TransactionFailed({ transactionalId, operation, reason, ...(detail === undefined ? {} : { detail }) })
+
+/**
+ * Runs `body` in a transaction of `client`: its `Producer` sends go into the transaction (batched as the settings
+ * say). When `body` succeeds and every send succeeded, `beforeCommit` runs (to send offsets) and the transaction
+ * commits; otherwise, and on interruption, it is aborted. Sends still in the buffer are written first either way.
+ *
+ * @internal
+ */
+export const inTransaction = <A, E, R>(
+  settings: Resolved,
+  client: TxnClient,
+  body: Effect.Effect<A, E, R>,
+  beforeCommit: (session: TxnSession) => Effect.Effect<void, TransactionFailed> = () => Effect.void
+): Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer>> =>
+  Effect.uninterruptibleMask((restore) =>
+    Effect.gen(function*() {
+      const session = yield* client.begin
+      let failed: ProduceFailed | undefined
+      const write = (batch: ReadonlyArray<Prepared>) =>
+        Effect.tap(session.write(batch), (results) => {
+          if (failed !== undefined) return
+          for (const r of results) {
+            if (Either.isLeft(r)) {
+              failed = r.left
+              return
+            }
+          }
+        })
+      const scope = yield* Scope.make()
+      const producer = yield* make(settings, { write }).pipe(Scope.extend(scope))
+      const exit = yield* Effect.exit(restore(Effect.provideService(body, Producer, producer)))
+      yield* Scope.close(scope, Exit.void)
+      if (Exit.isFailure(exit)) {
+        yield* Effect.ignore(session.abort)
+        return yield* Effect.failCause(exit.cause)
+      }
+      if (failed !== undefined) {
+        yield* Effect.ignore(session.abort)
+        return yield* transactionFailed(
+          client.transactionalId,
+          "commit",
+          "Aborted",
+          `a send of the transaction failed, so it was aborted: ${failed.message}`
+        )
+      }
+      const committed = yield* Effect.exit(Effect.zipRight(beforeCommit(session), session.commit))
+      if (Exit.isFailure(committed)) {
+        yield* Effect.ignore(session.abort)
+        return yield* Effect.failCause(committed.cause)
+      }
+      return exit.value
+    })
+  )
+
+/** Transactional settings checked: a transactional producer is idempotent, with acks "all" and one batch in flight. */
+export const resolveTransactional = (settings: TransactionalSettings) =>
+  Effect.gen(function*() {
+    if (typeof settings.transactionalId !== "string" || settings.transactionalId.trim().length === 0) {
+      return yield* new ConfigError({ field: "transactionalId", reason: "must be a non-empty string" })
+    }
+    const { transactionalId: _, transactionTimeout: __, ...rest } = settings
+    const resolved = yield* resolve({ ...rest, acks: "all", idempotent: true, maxInFlightRequests: 1 })
+    const transactionTimeout = yield* positiveDuration("transactionTimeout", settings.transactionTimeout ?? "60 seconds")
+    return { resolved, transactionalId: settings.transactionalId, transactionTimeout }
+  })
+
+/**
+ * The `TransactionalProducer` service on a client: fenced earlier producers at once, then one transaction at a time.
+ *
+ * @internal
+ */
+export const makeTransactional = (
+  settings: Resolved,
+  client: TxnClient
+): Effect.Effect<Context.Tag.Service<typeof TransactionalProducer>, TransactionFailed> =>
+  Effect.gen(function*() {
+    yield* client.init
+    const one = yield* Effect.makeSemaphore(1)
+    // Once fenced, a producer stays fenced: its client may not even be able to begin (kafkajs stays in the state of
+    // the refused commit), and nothing it could write would land.
+    let fenced: string | undefined
+    const noteFenced = (error: unknown) => {
+      if (
+        (error instanceof TransactionFailed || error instanceof ProduceFailed) && error.reason === "Fenced" &&
+        fenced === undefined
+      ) fenced = error.message
+    }
+    return {
+      transactionalId: client.transactionalId,
+      transaction: (body) =>
+        one.withPermits(1)(Effect.suspend(() =>
+          fenced !== undefined
+            ? Effect.fail(transactionFailed(client.transactionalId, "begin", "Fenced", `fenced earlier: ${fenced}`))
+            : inTransaction(settings, client, body).pipe(Effect.tapError((error) => Effect.sync(() => noteFenced(error))))
+        ))
+    }
   })
