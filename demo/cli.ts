@@ -19,7 +19,13 @@ import type { Outcome, PolicyName, Workload } from "./lab.js"
 import { explanations, progressLine, recordsPerSecond, table } from "./report.js"
 import { describeStore, runInMemory, type Store } from "./stores.js"
 
-const allPolicies: ReadonlyArray<PolicyName> = ["atMostOnce", "autoCommit", "commitAfter", "transactional"]
+const allPolicies: ReadonlyArray<PolicyName> = [
+  "atMostOnce",
+  "autoCommit",
+  "commitAfter",
+  "transactional",
+  "kafkaTransactional"
+]
 
 /** A combination of options that cannot run; the message names the options. */
 export class UsageError extends Data.TaggedError("UsageError")<{ readonly message: string }> {}

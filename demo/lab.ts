@@ -6,6 +6,7 @@ import * as Cause from "effect/Cause"
 import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
@@ -15,14 +16,16 @@ import * as Schedule from "effect/Schedule"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
-import type { Driver } from "../src/Driver.js"
+import { Driver } from "../src/Driver.js"
 import { Crashed, type CrashPoint, crashPoints } from "../src/Faults.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import { TransactionFailed } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
+import * as Producer from "../src/Producer.js"
 import type { Transaction } from "../src/OffsetStore.js"
 import type * as TopicPartition from "../src/TopicPartition.js"
 
-export type PolicyName = "atMostOnce" | "autoCommit" | "commitAfter" | "transactional"
+export type PolicyName = "atMostOnce" | "autoCommit" | "commitAfter" | "transactional" | "kafkaTransactional"
 
 export interface Workload {
   readonly policy: PolicyName
@@ -44,7 +47,7 @@ export interface Workload {
   /**
    * Most zombies in the run: a member that stalls in the middle of a unit of work (frozen: no poll, no heartbeat)
    * until the group has given its partition to another member, then wakes and tries to commit. Members get a short
-   * session when there are zombies. `transactional` only.
+   * session when there are zombies. `transactional` and `kafkaTransactional` only.
    */
   readonly zombies?: number
   /** Keeps the run's topic and group apart from earlier runs with the same policy and seed, in a store that lasts. */
@@ -64,7 +67,10 @@ export interface Progress {
 export interface Outcome {
   readonly policy: PolicyName
   readonly produced: number
-  /** Records handed to the handler, counting repeats (for `transactional`: results committed with positions). */
+  /**
+   * Records handed to the handler, counting repeats (for `transactional`: results committed with positions; for
+   * `kafkaTransactional`: records in the output topic, read `read_committed`).
+   */
   readonly delivered: number
   readonly lost: number
   readonly duplicated: number
@@ -127,8 +133,8 @@ export const tallyAll = (tally: Tally, records: Chunk.Chunk<ConsumerRecord>) =>
     }
   }).pipe(Effect.zipRight(atCheckpoint(tally)))
 
-/** Policy layers for the in-memory lab (transactional is given its store by the caller). */
-export const policyLayer = (name: Exclude<PolicyName, "transactional">, commitEvery: number) => {
+/** Policy layers for the in-memory lab (the exactly-once policies have plans of their own). */
+export const policyLayer = (name: Exclude<PolicyName, "transactional" | "kafkaTransactional">, commitEvery: number) => {
   switch (name) {
     case "atMostOnce":
       return CommitPolicy.atMostOnce
@@ -151,7 +157,7 @@ export interface Plan<R = never> {
     partitions: ReadonlyArray<TopicPartition.TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, bigint>, unknown, InMemoryKafka.InMemoryKafka | R>
   /** Deliveries, read after the run. */
-  readonly tally: (groupId: string) => Effect.Effect<Tally, unknown, R>
+  readonly tally: (groupId: string, topic: string) => Effect.Effect<Tally, unknown, R>
 }
 
 export type MakePlan<R> = (
@@ -175,6 +181,12 @@ export interface Zombies {
 const sessionOf = (workload: Workload): Pick<Consumer.Config, "sessionTimeout"> =>
   (workload.zombies ?? 0) > 0 ? { sessionTimeout: "400 millis" } : {}
 
+/** How far a group has got on some partitions: stored or committed positions, keyed by `TopicPartition.key`. */
+type PositionsOf<R> = (
+  groupId: string,
+  partitions: ReadonlyArray<TopicPartition.TopicPartition>
+) => Effect.Effect<ReadonlyMap<string, bigint>, unknown, R>
+
 /**
  * Makes the member that owns `partition` a zombie, from inside its handler, in the middle of a unit of work that
  * started at `from`: the member stops polling and heartbeating until the group has evicted it, another member has
@@ -183,12 +195,17 @@ const sessionOf = (workload: Workload): Pick<Consumer.Config, "sessionTimeout"> 
  * evicted, and give the unit up before it tries to commit). The store must refuse that unit: its results are already
  * there, from the new owner.
  */
-const stall = (groupId: string, partition: TopicPartition.TopicPartition, from: bigint, zombies: Zombies) =>
+const stall = <R>(
+  groupId: string,
+  partition: TopicPartition.TopicPartition,
+  from: bigint,
+  zombies: Zombies,
+  positions: PositionsOf<R>
+) =>
   Effect.flatMap(InMemoryKafka.InMemoryKafka, (kafka) => {
     let frozen: string | undefined
     let handedOver = false
     return Effect.gen(function*() {
-      const store = yield* OffsetStore.OffsetStore
       const owner = (yield* kafka.members(groupId)).find((m) =>
         m.partitions.some((p) => p.topic === partition.topic && p.partition === partition.partition)
       )
@@ -197,7 +214,8 @@ const stall = (groupId: string, partition: TopicPartition.TopicPartition, from: 
       yield* kafka.freeze(owner.memberId)
       frozen = owner.memberId
       const key = `${partition.topic}-${partition.partition}`
-      const movedOn = yield* store.load(groupId, [partition]).pipe(
+      const movedOn = yield* positions(groupId, [partition]).pipe(
+        Effect.catchAll(() => Effect.succeed(new Map<string, bigint>())),
         Effect.repeat({ schedule: Schedule.spaced("10 millis"), until: (at) => (at.get(key) ?? 0n) > from }),
         Effect.timeoutOption("10 seconds")
       )
@@ -224,7 +242,10 @@ const stall = (groupId: string, partition: TopicPartition.TopicPartition, from: 
 /** The plan for the three Kafka-committed policies: deliveries counted in the handler. */
 export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) => {
   const tally = makeTally(checkpoints)
-  const policy = policyLayer(workload.policy as Exclude<PolicyName, "transactional">, workload.commitEvery ?? 100)
+  const policy = policyLayer(
+    workload.policy as Exclude<PolicyName, "transactional" | "kafkaTransactional">,
+    workload.commitEvery ?? 100
+  )
   return {
     member: (groupId, topic) =>
       Consumer.run(
@@ -255,6 +276,135 @@ export const appendSink: ResultSink<OffsetStore.Results> = {
   read: (groupId) => Effect.map(OffsetStore.results(groupId), (rs) => rs.map(String))
 }
 
+/** Deliveries counted from the keys (`partition@offset`) of the results read back. */
+const countKeys = (keys: Iterable<string>): Tally => {
+  const tally = makeTally()
+  for (const k of keys) {
+    tally.counts.set(k, (tally.counts.get(k) ?? 0) + 1)
+    tally.delivered++
+  }
+  return tally
+}
+
+/**
+ * What follows the handler's writes in a unit of the exactly-once plans: maybe a zombie, then the progress count.
+ */
+const afterUnit = <R>(
+  groupId: string,
+  partition: TopicPartition.TopicPartition,
+  records: Chunk.Chunk<ConsumerRecord>,
+  zombies: Zombies,
+  progress: Tally,
+  positions: PositionsOf<R>
+) =>
+  Effect.suspend(() =>
+    zombies.wanted() ? stall(groupId, partition, Chunk.unsafeHead(records).offset, zombies, positions) : Effect.void
+  ).pipe(
+    Effect.zipRight(Effect.sync(() => (progress.delivered += Chunk.size(records)))),
+    Effect.zipRight(atCheckpoint(progress))
+  )
+
+const storedPositions = (groupId: string, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+  Effect.flatMap(OffsetStore.OffsetStore, (store) => store.load(groupId, partitions))
+
+const committedPositions = (groupId: string) =>
+  Effect.flatMap(InMemoryKafka.InMemoryKafka, (kafka) => kafka.committed(groupId))
+
+/** The topic a `kafkaTransactional` run writes its results to. */
+export const outputTopic = (topic: string) => `${topic}-out`
+
+/**
+ * Every record of a topic as a `read_committed` consumer reads it (through the `Driver`), from offset 0 to each
+ * partition's last stable offset.
+ */
+export const readCommitted = (topic: string, partitions: number) =>
+  Effect.gen(function*() {
+    const driver = yield* Driver
+    const tps = Array.from({ length: partitions }, (_, partition) => ({ topic, partition }))
+    const session = yield* driver.connect({
+      groupId: `${topic}-audit-${crypto.randomUUID()}`,
+      clientId: `${topic}-audit`,
+      subscription: { _tag: "Partitions", partitions: tps },
+      maxPollRecords: 10_000,
+      pollTimeout: Duration.millis(50),
+      sessionTimeout: Duration.seconds(30),
+      rebalanceTimeout: Duration.seconds(30),
+      isolationLevel: "read_committed"
+    })
+    const offsets = yield* session.offsets(tps)
+    const positions = new Map<string, bigint>()
+    const out: Array<ConsumerRecord> = []
+    const done = () =>
+      tps.every((tp) => {
+        const k = `${tp.topic}-${tp.partition}`
+        return (positions.get(k) ?? -1n) >= offsets.get(k)!.latest
+      })
+    while (!done()) {
+      for (const event of yield* session.poll) {
+        if (event._tag === "Assigned") {
+          for (const tp of event.partitions) {
+            yield* session.seek(tp, 0n)
+            positions.set(`${tp.topic}-${tp.partition}`, 0n)
+          }
+        } else if (event._tag === "Records") {
+          positions.set(`${event.partition.topic}-${event.partition.partition}`, event.next)
+          for (const r of event.records) out.push(r)
+        }
+      }
+    }
+    return out
+  }).pipe(Effect.scoped)
+
+const decoder = new TextDecoder()
+
+/**
+ * The plan for `kafkaTransactional`: the handler produces one record per input record (its key the input's
+ * partition and offset) into the output topic, in the chunk's Kafka transaction with the input positions; deliveries
+ * are the output topic's records, read `read_committed`.
+ */
+export const kafkaTransactionalPlan: MakePlan<Driver> = (workload, shouldCrash, checkpoints, zombies) => {
+  const progress = makeTally(checkpoints)
+  return {
+    member: (groupId, topic) =>
+      Effect.gen(function*() {
+        const kafka = yield* InMemoryKafka.InMemoryKafka
+        const out = outputTopic(topic)
+        yield* kafka.createTopic(out, workload.partitions)
+        return yield* Consumer.run(
+          {
+            groupId,
+            topics: [topic],
+            maxPollRecords: workload.maxPollRecords ?? 50,
+            retry: Schedule.recurs(0),
+            ...sessionOf(workload)
+          },
+          (records, partition) =>
+            Producer.sendAll(Chunk.map(records, (r) => ({
+              topic: out,
+              partition: r.partition,
+              key: recordKey(r),
+              value: recordKey(r)
+            }))).pipe(
+              (sent) => workload.handlerMillis === undefined ? sent : Effect.zipLeft(sent, Effect.sleep(workload.handlerMillis)),
+              // A zombie's transaction holds its records and goes on to commit after its partition has moved on.
+              Effect.zipRight(afterUnit(groupId, partition, records, zombies, progress, committedPositions))
+            )
+        ).pipe(
+          Effect.provide(Layer.mergeAll(
+            CommitPolicy.kafkaTransactional().pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers())),
+            InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))
+          ))
+        )
+      }),
+    positions: committedPositions,
+    tally: (_, topic) =>
+      Effect.map(
+        readCommitted(outputTopic(topic), workload.partitions),
+        (records) => countKeys(records.map((r) => r.value === null ? "" : decoder.decode(r.value)))
+      )
+  }
+}
+
 /** The plan for `transactional`: deliveries are the results committed with positions in the offset store. */
 export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.OffsetStore | R> =>
 (workload, shouldCrash, checkpoints, zombies) => {
@@ -274,11 +424,7 @@ export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.
             ? sink.write(records)
             : Effect.zipRight(Effect.sleep(workload.handlerMillis), sink.write(records))).pipe(
             // A zombie's unit has written its results and goes on to commit after its partition has moved on.
-            Effect.zipRight(Effect.suspend(() =>
-              zombies.wanted() ? stall(groupId, partition, Chunk.unsafeHead(records).offset, zombies) : Effect.void
-            )),
-            Effect.zipRight(Effect.sync(() => (progress.delivered += Chunk.size(records)))),
-            Effect.zipRight(atCheckpoint(progress))
+            Effect.zipRight(afterUnit(groupId, partition, records, zombies, progress, storedPositions))
           )
       ).pipe(
         Effect.provide(Layer.merge(
@@ -286,16 +432,8 @@ export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.
           InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))
         ))
       ),
-    positions: (groupId, partitions) => Effect.flatMap(OffsetStore.OffsetStore, (store) => store.load(groupId, partitions)),
-    tally: (groupId) =>
-      Effect.map(sink.read(groupId), (keys) => {
-        const tally = makeTally()
-        for (const k of keys) {
-          tally.counts.set(k, (tally.counts.get(k) ?? 0) + 1)
-          tally.delivered++
-        }
-        return tally
-      })
+    positions: storedPositions,
+    tally: (groupId) => Effect.map(sink.read(groupId), countKeys)
   }
 }
 
@@ -416,7 +554,7 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     for (const checkpoint of moves) yield* Deferred.succeed(checkpoint.moved, undefined)
     yield* Fiber.interruptAll([...members, ...extras])
     const elapsedMillis = (yield* Clock.currentTimeMillis) - start
-    const tally = yield* plan.tally(groupId)
+    const tally = yield* plan.tally(groupId, topic)
     let lost = 0
     let duplicated = 0
     for (let p = 0; p < end.length; p++) {
@@ -444,7 +582,10 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
 /** Whether a member ended because a crash was injected. */
 /** Whether a member ended because the offset store refused its commit: another member had moved on. */
 export const isFenced = (exit: Exit.Exit<unknown, unknown>): boolean =>
-  Exit.isFailure(exit) && Chunk.some(Cause.failures(exit.cause), (e) => e instanceof OffsetStore.Fenced)
+  Exit.isFailure(exit) && Chunk.some(
+    Cause.failures(exit.cause),
+    (e) => e instanceof OffsetStore.Fenced || (e instanceof TransactionFailed && e.reason === "Fenced")
+  )
 
 export const isCrash = (exit: Exit.Exit<unknown, unknown>): boolean =>
   Exit.isFailure(exit) && Chunk.some(Cause.defects(exit.cause), (d) => d instanceof Crashed)

@@ -12,7 +12,7 @@ export const recordsPerSecond = (outcome: Outcome): number =>
   outcome.elapsedMillis <= 0 ? 0 : Math.round((outcome.delivered * 1000) / outcome.elapsedMillis)
 
 const columns = [
-  ["policy", 15],
+  ["policy", 20],
   ["produced", 10],
   ["delivered", 11],
   ["lost", 8],
@@ -78,6 +78,15 @@ export const explain = (outcome: Outcome, store: string): readonly [string, stri
           } duplicated.`
           : "No crash fell between a handler's end and the next commit this time; one that does repeats records."
       ]
+    case "kafkaTransactional":
+      return [
+        "produces each chunk's results and commits its partition's new position in one Kafka transaction.",
+        lost === 0 && duplicated === 0
+          ? "A crash aborted both; the next owner fenced the old producer and went on from the committed position."
+          : `${count(lost)} lost and ${
+            count(duplicated)
+          } duplicated, which this policy must never do: please report it with the seed.`
+      ]
     case "transactional":
       return [
         `writes each chunk's results and its partition's new position in one transaction of the ${store}.`,
@@ -94,7 +103,7 @@ export const explain = (outcome: Outcome, store: string): readonly [string, stri
 export const explanations = (outcomes: ReadonlyArray<Outcome>, store: string): string =>
   outcomes.map((o) => {
     const [first, second] = explain(o, store)
-    return `${o.policy.padEnd(15)}${first}\n${" ".repeat(15)}${second}`
+    return `${o.policy.padEnd(20)}${first}\n${" ".repeat(20)}${second}`
   }).join("\n")
 
 /**
@@ -109,7 +118,7 @@ export interface ProgressLine {
 
 export const progressLine = (policy: PolicyName, enabled: boolean, crash: "crash" | "kill"): ProgressLine => {
   const tty = process.stdout.isTTY === true
-  const label = policy.padEnd(15)
+  const label = policy.padEnd(20)
   let lastDraw = 0
   let quarter = 0
   const write = (text: string) => {

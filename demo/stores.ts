@@ -7,7 +7,14 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as OffsetStore from "../src/OffsetStore.js"
-import { appendSink, type Outcome, runWorkload, transactionalPlan, type Workload } from "./lab.js"
+import {
+  appendSink,
+  kafkaTransactionalPlan,
+  type Outcome,
+  runWorkload,
+  transactionalPlan,
+  type Workload
+} from "./lab.js"
 
 /** Where `transactional` keeps positions and results. */
 export type Store =
@@ -32,6 +39,9 @@ export const runInMemory = (
   workload: Workload,
   store: Store
 ): Effect.Effect<Outcome, unknown, FileSystem.FileSystem> => {
+  if (workload.policy === "kafkaTransactional") {
+    return runWorkload(workload, kafkaTransactionalPlan).pipe(Effect.provide(InMemoryKafka.layer()))
+  }
   if (workload.policy !== "transactional") {
     return runWorkload(workload).pipe(Effect.provide(InMemoryKafka.layer()))
   }

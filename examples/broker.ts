@@ -2,7 +2,7 @@
  * Where the examples run: the in-memory broker by default, or Kafka when KAFKA_BROKERS is set (`host:port,...`).
  * Either way you get the consumer's `Driver` and `Topics`, a small service to create a topic and produce to it.
  */
-import { type Driver, InMemoryKafka, KafkaJs } from "effect-kafka-delivery"
+import { type Driver, InMemoryKafka, KafkaJs, type Producer } from "effect-kafka-delivery"
 import * as Config from "effect/Config"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
@@ -19,15 +19,24 @@ export class Topics extends Context.Tag("examples/Topics")<Topics, {
   readonly where: string
   readonly create: (topic: string, partitions: number) => Effect.Effect<void, unknown>
   readonly produce: (topic: string, records: ReadonlyArray<Produce>) => Effect.Effect<void, unknown>
+  /** A `Producer` with these settings, on the same broker. */
+  readonly producer: (settings: Producer.Settings) => Layer.Layer<Producer.Producer, unknown>
+  /** Transactional producers on the same broker, for `CommitPolicy.kafkaTransactional`. */
+  readonly transactionalProducers: Layer.Layer<Producer.TransactionalProducers, unknown>
 }>() {}
 
 const inMemory: Layer.Layer<Topics | Driver.Driver> = Layer.effect(
   Topics,
-  Effect.map(InMemoryKafka.InMemoryKafka, (kafka) => ({
-    where: "the in-memory broker",
-    create: kafka.createTopic,
-    produce: (topic, records) => Effect.asVoid(kafka.produce(topic, records))
-  }))
+  Effect.map(InMemoryKafka.InMemoryKafka, (kafka) => {
+    const broker = Layer.succeed(InMemoryKafka.InMemoryKafka, kafka)
+    return {
+      where: "the in-memory broker",
+      create: kafka.createTopic,
+      produce: (topic, records) => Effect.asVoid(kafka.produce(topic, records)),
+      producer: (settings) => Layer.provide(InMemoryKafka.layerProducer(settings), broker),
+      transactionalProducers: Layer.provide(InMemoryKafka.layerTransactionalProducers(), broker)
+    }
+  })
 ).pipe(Layer.provideMerge(InMemoryKafka.layer()))
 
 const kafka = (brokers: string): Layer.Layer<Topics | Driver.Driver, unknown> =>
@@ -37,7 +46,9 @@ const kafka = (brokers: string): Layer.Layer<Topics | Driver.Driver, unknown> =>
       Layer.succeed(Topics, {
         where: `Kafka at ${brokers}`,
         create: (topic, partitions) => KafkaJs.createTopic(list, topic, partitions),
-        produce: (topic, records) => KafkaJs.produce(list, topic, records)
+        produce: (topic, records) => KafkaJs.produce(list, topic, records),
+        producer: (settings) => KafkaJs.layerProducer({ brokers: list, logLevel: "error", ...settings }),
+        transactionalProducers: KafkaJs.layerTransactionalProducers({ brokers: list, logLevel: "error" })
       })
     )))
 

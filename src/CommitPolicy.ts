@@ -8,6 +8,7 @@
  * | `autoCommit` | commit what was fetched, on a timer | can lose and can duplicate |
  * | `commitAfter` | handle, then commit | duplicates the records, never loses |
  * | `transactional` | handle and store the position in one transaction | neither |
+ * | `kafkaTransactional` | produce the handler's records and commit the position in one Kafka transaction | neither |
  *
  * @since 0.1.0
  */
@@ -22,9 +23,10 @@ import type { DriverSession } from "./Driver.js"
 import type { CrashPoint } from "./Faults.js"
 import * as internal from "./internal/commitPolicy.js"
 import * as config from "./internal/config.js"
-import type { CommitFailed, DriverError } from "./KafkaError.js"
+import type { CommitFailed, DriverError, TransactionFailed } from "./KafkaError.js"
 import type { ConfigError } from "./KafkaError.js"
 import type { Fenced, OffsetStore, OffsetStoreError, Transaction } from "./OffsetStore.js"
+import type { Producer, TransactionalProducers } from "./Producer.js"
 import type { TopicPartition } from "./TopicPartition.js"
 
 /**
@@ -33,7 +35,7 @@ import type { TopicPartition } from "./TopicPartition.js"
  * @since 0.1.0
  * @category errors
  */
-export type PolicyError = CommitFailed | DriverError | Fenced | OffsetStoreError
+export type PolicyError = CommitFailed | DriverError | Fenced | OffsetStoreError | TransactionFailed
 
 /**
  * What the runloop gives a policy when a session of the consumer starts.
@@ -201,3 +203,46 @@ export const transactional = (
   options: { readonly commitToKafka?: boolean } = {}
 ): Layer.Layer<CommitPolicy | Transaction, never, OffsetStore> =>
   internal.transactionalLayer(options.commitToKafka ?? false)
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export interface KafkaTransactionalOptions {
+  /**
+   * Put before each partition's transactional id, `<prefix><groupId>-<topic>-<partition>`. Give applications that
+   * share a cluster and a group id distinct prefixes. Default: none.
+   */
+  readonly transactionalIdPrefix?: string
+}
+
+/**
+ * Exactly-once inside Kafka (consume-transform-produce): each chunk of a partition is one Kafka transaction holding
+ * the records the handler sends through `Producer` and the partition's new position (`sendOffsetsToTransaction`), so
+ * both land or neither does. Consumers of the output topics must read `read_committed` (the default) to see only
+ * committed transactions.
+ *
+ * Fencing follows the classic pattern: a transactional producer per owned input partition, with a transactional id
+ * made of the group, the topic and the partition. On assign the member starts that producer, which bumps the id's
+ * epoch: every earlier owner of the partition (a zombie paused past its session, say) is fenced, and its open
+ * transaction is aborted; only then is the partition's committed position read, which is final. A zombie's late
+ * transaction fails with `TransactionFailed` (`Fenced`) and lands nothing; the member gives up its partitions and
+ * rejoins (with `rejoin: false`, the consumer ends with the error).
+ *
+ * A transaction that fails otherwise (a timeout, a lost connection) is settled before it is tried again: the
+ * partition's producer is started anew, which ends the earlier transaction one way or the other, and the committed
+ * position says which: past the chunk, it committed; else it is handled again in a new transaction. This goes on
+ * until `reconnectTimeout`. A handler failure is retried on the consumer's schedule, each attempt in a new
+ * transaction. On revoke, the chunk in flight finishes its transaction (or, interrupted, aborts it) before the
+ * partition's producer is closed and the partition released.
+ *
+ * The layer provides the `Producer` the handler sends with: inside a chunk's handler it writes into the chunk's
+ * transaction; outside one (in a hook) its sends fail with `ProduceFailed`.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const kafkaTransactional = (
+  options: KafkaTransactionalOptions = {}
+): Layer.Layer<CommitPolicy | Producer, never, TransactionalProducers> =>
+  internal.kafkaTransactionalLayer(options.transactionalIdPrefix ?? "")

@@ -27,6 +27,7 @@ import {
   type HandlerFailed,
   type OffsetOutOfRange,
   type PartitionsLost,
+  type TransactionFailed,
   type WorkerStuck
 } from "./KafkaError.js"
 import type { Fenced, OffsetStoreError } from "./OffsetStore.js"
@@ -108,6 +109,7 @@ export type ConsumerError =
   | OffsetStoreError
   | OffsetOutOfRange
   | PartitionsLost
+  | TransactionFailed
   | WorkerStuck
 
 /**

@@ -37,6 +37,7 @@ import {
   Producer,
   type Settings as ProducerSettings,
   TransactionalProducer,
+  TransactionalProducers,
   type TransactionalSettings
 } from "./Producer.js"
 import * as TopicPartition from "./TopicPartition.js"
@@ -920,6 +921,28 @@ export const layerProducer = (settings: ProducerSettings = {}): Layer.Layer<Prod
   )
 
 /**
+ * Transactional producers on the in-memory broker, made on demand (see `layerTransactionalProducer`); what
+ * `CommitPolicy.kafkaTransactional` needs.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerTransactionalProducers = (
+  settings: Omit<TransactionalSettings, "transactionalId"> = {}
+): Layer.Layer<TransactionalProducers, ConfigError, InMemoryKafka> =>
+  Layer.effect(
+    TransactionalProducers,
+    Effect.gen(function*() {
+      const { resolved, transactionTimeout } = yield* producer.resolveTransactional(settings)
+      const kafka = yield* InMemoryKafka
+      return {
+        make: (transactionalId) =>
+          producer.makeTransactional(resolved, transactionClient(kafka, resolved, transactionalId, transactionTimeout))
+      }
+    })
+  )
+
+/**
  * A `TransactionalProducer` on the in-memory broker. Starting it fences earlier producers with the same
  * `transactionalId` (their open transaction is aborted); its transactions are invisible to read-committed consumers
  * until they commit, and a partition is read-committed only up to the oldest transaction still open on it.
@@ -930,12 +953,16 @@ export const layerProducer = (settings: ProducerSettings = {}): Layer.Layer<Prod
 export const layerTransactionalProducer = (
   settings: TransactionalSettings
 ): Layer.Layer<TransactionalProducer, ConfigError | TransactionFailed, InMemoryKafka> =>
-  Layer.effect(
+  Layer.scoped(
     TransactionalProducer,
     Effect.gen(function*() {
-      const { resolved, transactionTimeout, transactionalId } = yield* producer.resolveTransactional(settings)
-      const kafka = yield* InMemoryKafka
-      return yield* producer.makeTransactional(resolved, transactionClient(kafka, resolved, transactionalId, transactionTimeout))
+      const transactionalId = yield* producer.checkTransactionalId(settings.transactionalId)
+      const { transactionalId: _, ...rest } = settings
+      const producers = yield* Layer.build(layerTransactionalProducers(rest))
+      // The in-memory broker is always reachable for a producer: `make` fails with TransactionFailed only.
+      return yield* Context.get(producers, TransactionalProducers).make(transactionalId).pipe(
+        Effect.catchTag("DriverError", Effect.die)
+      )
     })
   )
 

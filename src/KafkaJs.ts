@@ -6,6 +6,7 @@
  * @since 0.1.0
  */
 import * as Duration from "effect/Duration"
+import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
@@ -24,6 +25,7 @@ import {
   Producer,
   type Settings as ProducerSettings,
   TransactionalProducer,
+  TransactionalProducers,
   type TransactionalSettings
 } from "./Producer.js"
 
@@ -288,6 +290,35 @@ export const layerProducer = (config: ProducerConfig): Layer.Layer<Producer, Con
 export interface TransactionalProducerConfig extends ConnectionConfig, TransactionalSettings {}
 
 /**
+ * Transactional producers on kafkajs, made on demand (see `layerTransactionalProducer`), sharing one kafkajs client and
+ * one admin connection; what `CommitPolicy.kafkaTransactional` needs.
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerTransactionalProducers = (
+  config: Omit<TransactionalProducerConfig, "transactionalId">
+): Layer.Layer<TransactionalProducers, ConfigError | DriverError> =>
+  Layer.scoped(
+    TransactionalProducers,
+    Effect.gen(function*() {
+      const { resolved, transactionTimeout } = yield* producerInternal.resolveTransactional(config)
+      const runtime = yield* Effect.runtime<never>()
+      const { retry, ...connection } = config
+      const client = yield* internal.makeClientConfig(
+        { ...connection, ...(retry === undefined ? {} : { retry }) },
+        runtime
+      )
+      return yield* kafkajsProducer.makeTransactionClients(
+        client,
+        resolved,
+        Duration.toMillis(transactionTimeout),
+        retry?.retries
+      )
+    })
+  )
+
+/**
  * A `TransactionalProducer` on kafkajs: one kafkajs producer with the transactional id, idempotent, one batch in
  * flight. Starting the layer fences earlier producers with the same id (kafkajs's InitProducerId, sent by an empty
  * transaction that is aborted at once); each `transaction` is a kafkajs transaction, whose sends are batched and
@@ -302,21 +333,10 @@ export const layerTransactionalProducer = (
   Layer.scoped(
     TransactionalProducer,
     Effect.gen(function*() {
-      const { resolved, transactionTimeout, transactionalId } = yield* producerInternal.resolveTransactional(config)
-      const runtime = yield* Effect.runtime<never>()
-      const { retry, ...connection } = config
-      const client = yield* internal.makeClientConfig(
-        { ...connection, ...(retry === undefined ? {} : { retry }) },
-        runtime
-      )
-      const txnClient = yield* kafkajsProducer.makeTransactionClient(
-        client,
-        resolved,
-        transactionalId,
-        Duration.toMillis(transactionTimeout),
-        retry?.retries
-      )
-      return yield* producerInternal.makeTransactional(resolved, txnClient)
+      const transactionalId = yield* producerInternal.checkTransactionalId(config.transactionalId)
+      const { transactionalId: _, ...rest } = config
+      const producers = yield* Layer.build(layerTransactionalProducers(rest))
+      return yield* Context.get(producers, TransactionalProducers).make(transactionalId)
     })
   )
 

@@ -15,7 +15,8 @@
 import * as Context from "effect/Context"
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import type { ProduceFailed, TransactionFailed } from "./KafkaError.js"
+import type * as Scope from "effect/Scope"
+import type { DriverError, ProduceFailed, TransactionFailed } from "./KafkaError.js"
 
 /**
  * A record to write. `value` `null` is a tombstone (on a compacted topic, it deletes the key). Without `partition`,
@@ -167,7 +168,8 @@ export interface TransactionalSettings extends Omit<Settings, "acks" | "idempote
 
 /**
  * A transactional producer. `transaction(body)` runs `body` with a `Producer` whose sends go into one Kafka
- * transaction: when `body` succeeds and every send succeeded, the transaction commits; when `body` fails, a send
+ * transaction: when `body` succeeds and every send succeeded, the transaction commits (with `offsets`, when given);
+ * when `body` fails, a send
  * failed, or the fiber is interrupted, it is aborted. Consumers reading `read_committed` see all of a committed
  * transaction's records and none of an aborted one's. Transactions of one producer run one after another.
  *
@@ -183,8 +185,37 @@ export class TransactionalProducer extends Context.Tag("effect-kafka-delivery/Tr
   {
     readonly transactionalId: string
     readonly transaction: <A, E, R>(
-      body: Effect.Effect<A, E, R>
+      body: Effect.Effect<A, E, R>,
+      options?: { readonly offsets?: TransactionOffsets | undefined }
     ) => Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer>>
+  }
+>() {}
+
+/**
+ * Consumed positions committed for a consumer group with a transaction (Kafka's `sendOffsetsToTransaction`): they land
+ * if the transaction commits, and only then. `next` is the next offset to read.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface TransactionOffsets {
+  readonly groupId: string
+  readonly positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
+}
+
+/**
+ * Makes transactional producers on demand, one per transactional id, each fencing the earlier producers of its id
+ * when it starts. What `CommitPolicy.kafkaTransactional` uses for a producer per owned partition.
+ *
+ * @since 0.1.0
+ * @category tags
+ */
+export class TransactionalProducers extends Context.Tag("effect-kafka-delivery/TransactionalProducers")<
+  TransactionalProducers,
+  {
+    readonly make: (
+      transactionalId: string
+    ) => Effect.Effect<Context.Tag.Service<typeof TransactionalProducer>, TransactionFailed | DriverError, Scope.Scope>
   }
 >() {}
 

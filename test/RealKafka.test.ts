@@ -14,7 +14,7 @@ import { eventually } from "./support/kit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 const databaseUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
-const policies = ["atMostOnce", "autoCommit", "commitAfter", "transactional"] as const
+const policies = ["atMostOnce", "autoCommit", "commitAfter", "transactional", "kafkaTransactional"] as const
 
 const figures = (label: string, o: RealOutcome) =>
   `${label} ${o.policy}: ${o.produced} records, kills ${o.crashes}, moves ${o.rebalances}, lost ${o.lost}, ` +
@@ -29,6 +29,7 @@ const figures = (label: string, o: RealOutcome) =>
 const assertGuarantee = (o: RealOutcome, text: string) => {
   assert.strictEqual(o.unexpectedExits, 0, text)
   switch (o.policy) {
+    case "kafkaTransactional":
     case "transactional":
       assert.strictEqual(o.lost, 0, text)
       assert.strictEqual(o.duplicated, 0, text)

@@ -41,7 +41,7 @@ const parseReport = (run: Run): { outcomes: ReadonlyArray<DemoOutcome> } => {
 
 for (const runtime of ["node", "deno", "bun"] satisfies ReadonlyArray<Runtime>) {
   describe.concurrent(`on ${runtime}`, () => {
-    it(`demo --json: atMostOnce never duplicates, commitAfter never loses, transactional neither`, async () => {
+    it(`demo --json: atMostOnce never duplicates, commitAfter never loses, the exactly-once policies neither`, async () => {
       const run = await limited(() =>
         runScript(runtime, "demo/main.ts", ["--json", "--records", "3000", "--crash-rate", "0.05", "--seed", "7"])
       )
@@ -52,15 +52,18 @@ for (const runtime of ["node", "deno", "bun"] satisfies ReadonlyArray<Runtime>) 
         "atMostOnce",
         "autoCommit",
         "commitAfter",
-        "transactional"
+        "transactional",
+        "kafkaTransactional"
       ])
       for (const o of report.outcomes) assert.isAbove(o.crashes, 0, `${o.policy} had crashes injected`)
       const amo = outcome("atMostOnce")
       assert.strictEqual(amo.duplicated, 0)
       assert.strictEqual(amo.delivered + amo.lost, 3000)
       assert.strictEqual(outcome("commitAfter").lost, 0)
-      const eos = outcome("transactional")
-      assert.deepStrictEqual([eos.delivered, eos.lost, eos.duplicated], [3000, 0, 0])
+      for (const policy of ["transactional", "kafkaTransactional"]) {
+        const eos = outcome(policy)
+        assert.deepStrictEqual([eos.delivered, eos.lost, eos.duplicated], [3000, 0, 0], policy)
+      }
       // The lab's crashes and moves are its own doing: nothing of them is worth a warning.
       assert.notMatch(run.stderr, /WARN|ERROR/, run.stderr)
     })

@@ -25,8 +25,9 @@ import * as Consumer from "../../src/Consumer.js"
 import type { ConsumerRecord } from "../../src/ConsumerRecord.js"
 import * as KafkaJs from "../../src/KafkaJs.js"
 import * as PgOffsetStore from "../../src/PgOffsetStore.js"
+import * as Producer from "../../src/Producer.js"
 import * as TopicPartition from "../../src/TopicPartition.js"
-import { type MemberOptions, parse } from "./options.js"
+import { type MemberOptions, outputTopicOf, parse } from "./options.js"
 import { recordHandled } from "./results.js"
 
 class ResultsWriteFailed extends Data.TaggedError("ResultsWriteFailed")<{ readonly cause: unknown }> {
@@ -42,7 +43,7 @@ const transactionalLayer = (options: MemberOptions) =>
     Layer.provide(PgOffsetStore.layer({ url: options.databaseUrl, table: options.offsetsTable, migrate: true }))
   )
 
-const kafkaPolicyLayer = (policy: Exclude<MemberOptions["policy"], "transactional">) => {
+const kafkaPolicyLayer = (policy: Exclude<MemberOptions["policy"], "transactional" | "kafkaTransactional">) => {
   switch (policy) {
     case "atMostOnce":
       return CommitPolicy.atMostOnce
@@ -57,10 +58,10 @@ const kafkaPolicyLayer = (policy: Exclude<MemberOptions["policy"], "transactiona
 let handlerMillis = 0
 
 /** Half of the handler's time before its write and half after, so that a kill can land on either side of it. */
-const pace = <R>(write: Effect.Effect<void, ResultsWriteFailed, R>) =>
+const pace = <A, E, R>(write: Effect.Effect<A, E, R>) =>
   Effect.suspend(() => {
     const millis = handlerMillis
-    if (millis === 0) return write
+    if (millis === 0) return Effect.asVoid(write)
     const half = Math.floor(millis / 2)
     return Effect.sleep(half).pipe(Effect.zipRight(write), Effect.zipRight(Effect.sleep(millis - half)))
   })
@@ -94,6 +95,25 @@ const member = (options: MemberOptions) =>
         catch: (cause) => new ResultsWriteFailed({ cause })
       }).pipe(Effect.asVoid)
 
+    if (options.policy === "kafkaTransactional") {
+      // One record per input record into the output topic, in the chunk's Kafka transaction with its position.
+      const output = outputTopicOf(options.topic)
+      const policy = CommitPolicy.kafkaTransactional().pipe(
+        Layer.provide(KafkaJs.layerTransactionalProducers({
+          brokers: options.brokers.split(","),
+          clientId: `${options.clientId}-producer`,
+          logLevel: "error",
+          linger: "2 millis"
+        }))
+      )
+      return yield* Consumer.run(config, (records) =>
+        pace(Producer.sendAll(Chunk.map(records, (r) => ({
+          topic: output,
+          partition: r.partition,
+          key: `${r.partition}@${r.offset}`,
+          value: `${r.partition}@${r.offset}`
+        })))), hooks).pipe(Effect.provide(policy))
+    }
     if (options.policy === "transactional") {
       // The results go through the offset store's transaction: they commit with the position, or not at all.
       return yield* Consumer.run(config, (records, tp) =>

@@ -6,9 +6,18 @@ import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
 import { parseArgs } from "node:util"
 
-export type PolicyName = "atMostOnce" | "autoCommit" | "commitAfter" | "transactional"
+export type PolicyName = "atMostOnce" | "autoCommit" | "commitAfter" | "transactional" | "kafkaTransactional"
 
-export const policies: ReadonlyArray<PolicyName> = ["atMostOnce", "autoCommit", "commitAfter", "transactional"]
+export const policies: ReadonlyArray<PolicyName> = [
+  "atMostOnce",
+  "autoCommit",
+  "commitAfter",
+  "transactional",
+  "kafkaTransactional"
+]
+
+/** Where a `kafkaTransactional` member writes one record per input record, in the chunk's transaction. */
+export const outputTopicOf = (topic: string) => `${topic}-out`
 
 export interface MemberOptions {
   readonly brokers: string
@@ -37,7 +46,8 @@ export class MemberConfigError extends Data.TaggedError("MemberConfigError")<{ r
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/
 
 const usage = "usage: member.ts --brokers host:port --topic T --group G " +
-  "--policy atMostOnce|autoCommit|commitAfter|transactional --database-url URL --results-table NAME " +
+  "--policy atMostOnce|autoCommit|commitAfter|transactional|kafkaTransactional --database-url URL " +
+  "--results-table NAME " +
   "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
   "[--session-timeout-millis MS] [--supervised] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
 

@@ -20,11 +20,12 @@ import postgres from "postgres"
 import * as KafkaJs from "../../src/KafkaJs.js"
 import * as PgOffsetStore from "../../src/PgOffsetStore.js"
 import { type Outcome, random } from "../lab.js"
-import { type MemberOptions, type PolicyName, toArgs } from "./options.js"
+import { readCommitted } from "../lab.js"
+import { type MemberOptions, outputTopicOf, type PolicyName, toArgs } from "./options.js"
 import { createResultsTable, dropTable, handledCount, tallyByPartition } from "./results.js"
 
 export interface RealWorkload {
-  readonly policy: "atMostOnce" | "autoCommit" | "commitAfter" | "transactional"
+  readonly policy: PolicyName
   readonly records: number
   readonly partitions: number
   readonly consumers: number
@@ -173,6 +174,32 @@ const validate = (workload: RealWorkload) =>
     yield* KafkaJs.parseBrokers(workload.brokers)
   })
 
+/**
+ * The output of a `kafkaTransactional` run read `read_committed`, as a tally per input partition: each output record
+ * names the input record it was made from (`<partition>@<offset>`).
+ */
+const outputTally = (brokers: string, topic: string, partitions: number) =>
+  Effect.gen(function*() {
+    const records = yield* readCommitted(outputTopicOf(topic), partitions).pipe(
+      Effect.provide(KafkaJs.layer({ brokers: brokers.split(","), clientId: "cluster-lab-audit", logLevel: "error" }))
+    )
+    const counts = new Map<string, number>()
+    const decoder = new TextDecoder()
+    for (const r of records) {
+      const k = r.value === null ? "" : decoder.decode(r.value)
+      counts.set(k, (counts.get(k) ?? 0) + 1)
+    }
+    const out = new Map<number, { partition: number; handled: number; deliveries: number }>()
+    for (const [k, n] of counts) {
+      const partition = Number(k.slice(0, k.indexOf("@")))
+      const t = out.get(partition) ?? { partition, handled: 0, deliveries: 0 }
+      t.handled++
+      t.deliveries += n
+      out.set(partition, t)
+    }
+    return Array.from(out.values())
+  }).pipe(Effect.mapError((e) => new ClusterRunError({ message: `reading the output failed: ${String(e)}` })))
+
 const tryPromise = <A>(what: string, f: () => Promise<A>) =>
   Effect.tryPromise({
     try: f,
@@ -227,11 +254,17 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       () =>
         Effect.gen(function*() {
           yield* tryPromise("deleting the group", () => admin.deleteGroups([groupId])).pipe(Effect.ignore)
-          yield* tryPromise("deleting the topic", () => admin.deleteTopics({ topics: [topic] })).pipe(Effect.ignore)
+          yield* tryPromise("deleting the topics", () =>
+            admin.deleteTopics({
+              topics: workload.policy === "kafkaTransactional" ? [topic, outputTopicOf(topic)] : [topic]
+            })).pipe(Effect.ignore)
           yield* tryPromise("disconnecting", () => admin.disconnect()).pipe(Effect.ignore)
         }).pipe(Effect.timeoutOption("20 seconds"))
     )
     yield* KafkaJs.createTopic(workload.brokers, topic, workload.partitions)
+    if (workload.policy === "kafkaTransactional") {
+      yield* KafkaJs.createTopic(workload.brokers, outputTopicOf(topic), workload.partitions)
+    }
     yield* KafkaJs.produce(
       workload.brokers,
       topic,
@@ -340,8 +373,17 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     for (let i = 1; i <= workload.consumers; i++) yield* startSlot(`member-${i}`)
 
     let handled = 0
+    // Under kafkaTransactional nothing is written to Postgres: how far the group's committed positions have got says
+    // how many records went into committed transactions.
+    const progress = workload.policy === "kafkaTransactional"
+      ? Effect.map(positions, (ps) => {
+        let n = 0
+        for (const at of ps.values()) if (at > 0n) n += Number(at)
+        return n
+      })
+      : tryPromise("reading progress", () => handledCount(sql, resultsTable, topic))
     const reporter = Effect.gen(function*() {
-      handled = yield* tryPromise("reading progress", () => handledCount(sql, resultsTable, topic))
+      handled = yield* progress
       workload.onProgress?.({ results: handled, kills })
     }).pipe(Effect.repeat(Schedule.spaced("250 millis")))
     yield* Effect.forkScoped(reporter.pipe(Effect.catchAll((e) => Deferred.fail(failure, e))))
@@ -447,7 +489,9 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     yield* Effect.forEach(Array.from(slots.keys()), stopSlot, { concurrency: "unbounded", discard: true })
     const elapsedMillis = Date.now() - startedAt
 
-    const tally = yield* tryPromise("reading the results", () => tallyByPartition(sql, resultsTable, topic))
+    const tally = workload.policy === "kafkaTransactional"
+      ? yield* outputTally(workload.brokers, topic, workload.partitions)
+      : yield* tryPromise("reading the results", () => tallyByPartition(sql, resultsTable, topic))
     let lost = 0
     let duplicated = 0
     let delivered = 0

@@ -6,13 +6,15 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Mailbox from "effect/Mailbox"
 import * as Schedule from "effect/Schedule"
-import type * as Scope from "effect/Scope"
+import * as Exit from "effect/Exit"
+import * as Scope from "effect/Scope"
 import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
 import { CommitPolicy } from "../CommitPolicy.js"
 import type { DriverSession } from "../Driver.js"
-import type { CommitFailed } from "../KafkaError.js"
+import { type CommitFailed, ProduceFailed, TransactionFailed } from "../KafkaError.js"
 import * as OffsetBatch from "../OffsetBatch.js"
 import { OffsetStore, Transaction } from "../OffsetStore.js"
+import { Producer, type TransactionalProducer, TransactionalProducers } from "../Producer.js"
 import * as TopicPartition from "../TopicPartition.js"
 import { retryAfterFailure } from "./retry.js"
 import { OutsideUnit } from "./unitBuffer.js"
@@ -387,6 +389,137 @@ export const transactionalLayer = (
         // Outside a unit of work the service holds no transaction; each unit provides its own over it.
         Context.add(Transaction, { store: store.name, handle: new OutsideUnit(store.name) })
       ))
+  )
+
+const outsideUnit =
+  "under CommitPolicy.kafkaTransactional the Producer writes into the transaction of the chunk being handled; " +
+  "outside a handler there is none (provide a Producer layer of its own to write elsewhere)"
+
+/** The `Producer` outside a chunk's handler: it has no transaction to write into. */
+const producerOutsideUnit: Context.Tag.Service<typeof Producer> = {
+  send: (record) => Effect.fail(new ProduceFailed({ reason: "Other", topic: record.topic, detail: outsideUnit })),
+  sendAll: (records) =>
+    Effect.suspend(() => {
+      const first = Array.from(records)[0]
+      return first === undefined
+        ? Effect.succeed([])
+        : Effect.fail(new ProduceFailed({ reason: "Other", topic: first.topic, detail: outsideUnit }))
+    }),
+  flush: Effect.void
+}
+
+/** A transaction whose outcome is unknown (a timeout, a lost connection, a client in a broken state). */
+const unsettled = (error: unknown): error is TransactionFailed =>
+  error instanceof TransactionFailed &&
+  (error.reason === "Timeout" || error.reason === "Disconnected" || error.reason === "Other")
+
+/** Exactly-once inside Kafka: the handler's records and the position in one Kafka transaction per chunk. */
+export const kafkaTransactionalLayer = (
+  prefix: string
+): Layer.Layer<CommitPolicy | Producer, never, TransactionalProducers> =>
+  Layer.effectContext(
+    Effect.map(TransactionalProducers, (factory) =>
+      Context.make(CommitPolicy, {
+        name: "kafkaTransactional",
+        make: (context: PolicyContext) =>
+          Effect.gen(function*() {
+            interface Owned {
+              readonly producer: Context.Tag.Service<typeof TransactionalProducer>
+              readonly scope: Scope.CloseableScope
+            }
+            const owned = new Map<string, Owned>()
+            const idOf = (tp: TopicPartition.TopicPartition) => `${prefix}${context.groupId}-${tp.topic}-${tp.partition}`
+
+            const close = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+              Effect.forEach(partitions, (tp) => {
+                const k = TopicPartition.key(tp)
+                const o = owned.get(k)
+                if (o === undefined) return Effect.void
+                owned.delete(k)
+                return Scope.close(o.scope, Exit.void)
+              }, { concurrency: "unbounded", discard: true })
+
+            // Starting the partition's producer fences every earlier owner and ends its open transaction.
+            const open = (tp: TopicPartition.TopicPartition) =>
+              Effect.gen(function*() {
+                yield* close([tp])
+                const scope = yield* Scope.make()
+                const producer = yield* factory.make(idOf(tp)).pipe(
+                  Scope.extend(scope),
+                  Effect.onError(() => Scope.close(scope, Exit.void))
+                )
+                owned.set(TopicPartition.key(tp), { producer, scope })
+              })
+
+            yield* Effect.addFinalizer(() => close(Array.from(owned.keys(), TopicPartition.fromKey)))
+
+            const processChunk = <E, R>(
+              partition: TopicPartition.TopicPartition,
+              next: bigint,
+              work: Effect.Effect<void, E, R>,
+              retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
+            ): Effect.Effect<void, E | PolicyError, R> =>
+              Effect.gen(function*() {
+                const k = TopicPartition.key(partition)
+                // Work of a partition this member no longer owns (left running after a revoke) commits nothing.
+                if (!owned.has(k)) return
+                yield* context.crashAt("beforeHandler", [partition])
+                const offsets = {
+                  groupId: context.groupId,
+                  positions: [{ topic: partition.topic, partition: partition.partition, next }]
+                }
+                const body = work.pipe(
+                  Effect.zipLeft(context.crashAt("afterHandler", [partition])),
+                  Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
+                )
+                const attempt = Effect.suspend(() => {
+                  const o = owned.get(k)
+                  return o === undefined ? Effect.void : o.producer.transaction(body, { offsets })
+                })
+                // An unsettled transaction is settled by starting the partition's producer anew: then the committed
+                // position says whether it committed.
+                const settle = Effect.zipRight(
+                  context.guard(open(partition)),
+                  Effect.map(context.guard(context.session.committed([partition])), (committed) => {
+                    const position = committed.get(k)
+                    return position !== undefined && position >= next
+                  })
+                )
+                const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(context.reconnectTimeout)
+                const run = (delay: number): Effect.Effect<void, E | PolicyError, R> =>
+                  Effect.catchIf(retry(context.guard(attempt)), unsettled, (error) =>
+                    Effect.flatMap(settle, (committed) =>
+                      committed ? Effect.void : Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                        now >= deadline
+                          ? Effect.fail(error)
+                          : Effect.zipRight(
+                            Effect.logWarning(`${k}: ${error.message}; handling the chunk again in a new transaction`),
+                            Effect.zipRight(Effect.sleep(Duration.millis(delay)), run(Math.min(delay * 2, 5_000)))
+                          ))))
+                yield* run(100)
+                yield* context.crashAt("afterCommit", [partition])
+              })
+
+            const instance: PolicyInstance = {
+              name: "kafkaTransactional",
+              assign: (partitions) =>
+                Effect.zipRight(
+                  Effect.forEach(partitions, (tp) => context.guard(open(tp)), {
+                    concurrency: "unbounded",
+                    discard: true
+                  }),
+                  // Read once every earlier owner is fenced: the committed positions are final.
+                  kafkaStartPositions(context.session, partitions)
+                ),
+              delivered: () => Effect.void,
+              polled: Effect.void,
+              process: (partition, _records, next, work, retry) => processChunk(partition, next, work, retry),
+              revoke: close,
+              lost: close
+            }
+            return instance
+          })
+      }).pipe(Context.add(Producer, producerOutsideUnit)))
   )
 
 export type { PolicyError }

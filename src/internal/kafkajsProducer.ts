@@ -6,7 +6,7 @@ import type * as Scope from "effect/Scope"
 import type { Admin, Message, RecordMetadata as KafkaRecordMetadata, TopicMessages, Transaction } from "kafkajs"
 import { CompressionTypes } from "kafkajs"
 import { type DriverError, ProduceFailed, type ProduceFailureReason, type TransactionFailed } from "../KafkaError.js"
-import type { Producer } from "../Producer.js"
+import type { Producer, TransactionalProducers } from "../Producer.js"
 import {
   causeChain,
   type ClientConfig,
@@ -232,74 +232,80 @@ const transactionFailed = (transactionalId: string, operation: TransactionFailed
 }
 
 /**
- * A transactional client on kafkajs: one kafkajs producer with the transactional id. `init` opens and aborts an
- * empty transaction, which makes kafkajs send InitProducerId (bumping the id's epoch, fencing earlier producers and
- * aborting their open transaction) and sends nothing else.
+ * Transactional producers on kafkajs, sharing one kafkajs client and admin connection. Each is one kafkajs producer
+ * with its transactional id; its `init` opens and aborts an empty transaction, which makes kafkajs send
+ * InitProducerId (bumping the id's epoch, fencing earlier producers and aborting their open transaction) and nothing
+ * else.
  *
  * @internal
  */
-export const makeTransactionClient = (
+export const makeTransactionClients = (
   client: ClientConfig,
   resolved: producer.Resolved,
-  transactionalId: string,
   transactionTimeout: number,
   retries: number | undefined
-): Effect.Effect<producer.TxnClient, DriverError, Scope.Scope> =>
+): Effect.Effect<Context.Tag.Service<typeof TransactionalProducers>, DriverError, Scope.Scope> =>
   Effect.gen(function*() {
     const kafka = makeClient(client)
     const admin = yield* connected(kafka.admin())
-    const kafkaProducer = yield* connected(kafka.producer({
-      transactionalId,
-      transactionTimeout,
-      idempotent: true,
-      maxInFlightRequests: 1,
-      allowAutoTopicCreation: false,
-      createPartitioner: explicitPartition,
-      ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
-    }))
-    let current: Transaction | undefined
-    const send: SendBatch = (request) =>
-      current === undefined ? Promise.reject(new Error("no open transaction")) : current.sendBatch(request)
-    const write = makeWriter(admin, resolved, () => send)
-    const begin = Effect.tryPromise({
-      try: () => kafkaProducer.transaction(),
-      catch: transactionFailed(transactionalId, "begin")
-    })
-    return {
-      transactionalId,
-      init: Effect.flatMap(
-        begin,
-        (txn) => Effect.tryPromise({ try: () => txn.abort(), catch: transactionFailed(transactionalId, "init") })
-      ).pipe(Effect.mapError((e) => e.operation === "begin" ? producer.transactionFailed(transactionalId, "init", e.reason, e.detail) : e)),
-      begin: Effect.map(begin, (txn): producer.TxnSession => {
-        current = txn
-        const end = (operation: "commit" | "abort") =>
+    const make = (transactionalId: string) =>
+      Effect.gen(function*() {
+        const kafkaProducer = yield* connected(kafka.producer({
+          transactionalId,
+          transactionTimeout,
+          idempotent: true,
+          maxInFlightRequests: 1,
+          allowAutoTopicCreation: false,
+          createPartitioner: explicitPartition,
+          ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
+        }))
+        let current: Transaction | undefined
+        const send: SendBatch = (request) =>
+          current === undefined ? Promise.reject(new Error("no open transaction")) : current.sendBatch(request)
+        const write = makeWriter(admin, resolved, () => send)
+        const begin = (operation: "init" | "begin") =>
           Effect.tryPromise({
-            try: () => operation === "commit" ? txn.commit() : txn.abort(),
+            try: () => kafkaProducer.transaction(),
             catch: transactionFailed(transactionalId, operation)
-          }).pipe(Effect.ensuring(Effect.sync(() => {
-            if (current === txn) current = undefined
-          })))
-        return {
-          write,
-          sendOffsets: (groupId, positions) =>
-            Effect.tryPromise({
-              try: () =>
-                txn.sendOffsets({
-                  consumerGroupId: groupId,
-                  topics: Array.from(
-                    producer.groupBy(positions, (p) => p.topic),
-                    ([topic, list]) => ({
-                      topic,
-                      partitions: list.map((p) => ({ partition: p.partition, offset: String(p.next) }))
-                    })
-                  )
+          })
+        const txnClient: producer.TxnClient = {
+          transactionalId,
+          init: Effect.flatMap(
+            begin("init"),
+            (txn) => Effect.tryPromise({ try: () => txn.abort(), catch: transactionFailed(transactionalId, "init") })
+          ),
+          begin: Effect.map(begin("begin"), (txn): producer.TxnSession => {
+            current = txn
+            const end = (operation: "commit" | "abort") =>
+              Effect.tryPromise({
+                try: () => operation === "commit" ? txn.commit() : txn.abort(),
+                catch: transactionFailed(transactionalId, operation)
+              }).pipe(Effect.ensuring(Effect.sync(() => {
+                if (current === txn) current = undefined
+              })))
+            return {
+              write,
+              sendOffsets: (groupId, positions) =>
+                Effect.tryPromise({
+                  try: () =>
+                    txn.sendOffsets({
+                      consumerGroupId: groupId,
+                      topics: Array.from(
+                        producer.groupBy(positions, (p) => p.topic),
+                        ([topic, list]) => ({
+                          topic,
+                          partitions: list.map((p) => ({ partition: p.partition, offset: String(p.next) }))
+                        })
+                      )
+                    }),
+                  catch: transactionFailed(transactionalId, "sendOffsets")
                 }),
-              catch: transactionFailed(transactionalId, "sendOffsets")
-            }),
-          commit: end("commit"),
-          abort: end("abort")
+              commit: end("commit"),
+              abort: end("abort")
+            }
+          })
         }
+        return yield* producer.makeTransactional(resolved, txnClient)
       })
-    }
+    return { make }
   })

@@ -17,7 +17,8 @@ import {
   type RecordMetadata,
   type Settings,
   type TransactionalProducer,
-  type TransactionalSettings
+  type TransactionalSettings,
+  type TransactionOffsets
 } from "../Producer.js"
 import { positiveDuration } from "./config.js"
 import { partitionOfKey } from "./murmur2.js"
@@ -528,7 +529,7 @@ export const transactionFailed = (
 
 /**
  * Runs `body` in a transaction of `client`: its `Producer` sends go into the transaction (batched as the settings
- * say). When `body` succeeds and every send succeeded, `beforeCommit` runs (to send offsets) and the transaction
+ * say). When `body` succeeds and every send succeeded, `offsets` are sent with the transaction and it
  * commits; otherwise, and on interruption, it is aborted. Sends still in the buffer are written first either way.
  *
  * @internal
@@ -537,7 +538,7 @@ export const inTransaction = <A, E, R>(
   settings: Resolved,
   client: TxnClient,
   body: Effect.Effect<A, E, R>,
-  beforeCommit: (session: TxnSession) => Effect.Effect<void, TransactionFailed> = () => Effect.void
+  offsets: TransactionOffsets | undefined
 ): Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer>> =>
   Effect.uninterruptibleMask((restore) =>
     Effect.gen(function*() {
@@ -570,7 +571,11 @@ export const inTransaction = <A, E, R>(
           `a send of the transaction failed, so it was aborted: ${failed.message}`
         )
       }
-      const committed = yield* Effect.exit(Effect.zipRight(beforeCommit(session), session.commit))
+      const committed = yield* Effect.exit(
+        offsets === undefined
+          ? session.commit
+          : Effect.zipRight(session.sendOffsets(offsets.groupId, offsets.positions), session.commit)
+      )
       if (Exit.isFailure(committed)) {
         yield* Effect.ignore(session.abort)
         return yield* Effect.failCause(committed.cause)
@@ -579,16 +584,23 @@ export const inTransaction = <A, E, R>(
     })
   )
 
-/** Transactional settings checked: a transactional producer is idempotent, with acks "all" and one batch in flight. */
-export const resolveTransactional = (settings: TransactionalSettings) =>
+/** A transactional id: a non-empty string. @internal */
+export const checkTransactionalId = (transactionalId: string): Effect.Effect<string, ConfigError> =>
+  typeof transactionalId === "string" && transactionalId.trim().length > 0
+    ? Effect.succeed(transactionalId)
+    : Effect.fail(new ConfigError({ field: "transactionalId", reason: "must be a non-empty string" }))
+
+/**
+ * Transactional settings checked: a transactional producer is idempotent, with acks "all" and one batch in flight.
+ *
+ * @internal
+ */
+export const resolveTransactional = (settings: Omit<TransactionalSettings, "transactionalId">) =>
   Effect.gen(function*() {
-    if (typeof settings.transactionalId !== "string" || settings.transactionalId.trim().length === 0) {
-      return yield* new ConfigError({ field: "transactionalId", reason: "must be a non-empty string" })
-    }
-    const { transactionalId: _, transactionTimeout: __, ...rest } = settings
+    const { transactionTimeout: _, ...rest } = settings
     const resolved = yield* resolve({ ...rest, acks: "all", idempotent: true, maxInFlightRequests: 1 })
     const transactionTimeout = yield* positiveDuration("transactionTimeout", settings.transactionTimeout ?? "60 seconds")
-    return { resolved, transactionalId: settings.transactionalId, transactionTimeout }
+    return { resolved, transactionTimeout }
   })
 
 /**
@@ -614,11 +626,11 @@ export const makeTransactional = (
     }
     return {
       transactionalId: client.transactionalId,
-      transaction: (body) =>
+      transaction: (body, options) =>
         one.withPermits(1)(Effect.suspend(() =>
           fenced !== undefined
             ? Effect.fail(transactionFailed(client.transactionalId, "begin", "Fenced", `fenced earlier: ${fenced}`))
-            : inTransaction(settings, client, body).pipe(Effect.tapError((error) => Effect.sync(() => noteFenced(error))))
+            : inTransaction(settings, client, body, options?.offsets).pipe(Effect.tapError((error) => Effect.sync(() => noteFenced(error))))
         ))
     }
   })

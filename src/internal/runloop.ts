@@ -21,6 +21,7 @@ import {
   HandlerFailed,
   OffsetOutOfRange,
   PartitionsLost,
+  TransactionFailed,
   WorkerStuck
 } from "../KafkaError.js"
 import { Fenced } from "../OffsetStore.js"
@@ -75,8 +76,12 @@ class Reconnect {
  * is no longer the group's (evicted, or the coordinator lost track of it): the client may take long to notice.
  */
 class Rejoin {
-  constructor(readonly cause: Fenced | CommitFailed) {}
+  constructor(readonly cause: Fenced | CommitFailed | TransactionFailed) {}
 }
+
+/** Another member owns the partition now: the offset store or the Kafka transaction coordinator fenced a unit. */
+const fenced = (error: unknown): error is Fenced | TransactionFailed =>
+  error instanceof Fenced || (error instanceof TransactionFailed && error.reason === "Fenced")
 
 /** A commit refused because the member's generation or member id is not the group's any more. */
 const staleMembership = (error: unknown): error is CommitFailed =>
@@ -269,7 +274,7 @@ const runSession = <E, R, EH, RH>(
           })
         )
       }
-      if (error instanceof Fenced) {
+      if (fenced(error)) {
         // A unit fenced while its partition is being revoked was rolled back, and the partition's next owner handles
         // its records: nothing is lost, and this member goes on with its other partitions.
         if (state.stopping) return Effect.logDebug(`${state.key}: a unit fenced during the revoke was rolled back`)

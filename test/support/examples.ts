@@ -131,5 +131,17 @@ export const examples: ReadonlyArray<{
         ? undefined
         : "the crate shipped on its third attempt, and the pallet stopping the consumer at offset 5 with the " +
           "handler's own error"
+  },
+  {
+    file: "examples/11-producer.ts",
+    check: (out) =>
+      /60 orders acknowledged by every in-sync replica; customer-3's all on partition \d$/m.test(out) &&
+        /20 quotes acknowledged by the leader/.test(out) && /80 records read back/.test(out)
+        ? undefined
+        : "60 orders with each customer on one partition, 20 quotes, 80 records read back"
+  },
+  {
+    file: "examples/12-pipeline.ts",
+    check: (out) => /40 invoices, each order once/.test(out) ? undefined : "40 invoices, each order once"
   }
 ]
