@@ -5,7 +5,7 @@
  *   npm run bench                               the full run (about 40 minutes on 2 cores, most of it the 16 B run)
  *   npm run bench -- --smoke                    every benchmark at tiny sizes, for CI (under a minute)
  *   npm run bench -- --json out.json            also write the results as JSON
- *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog
+ *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer
  *   npm run bench -- --rounds 7 --warmup 2      more rounds
  *
  * A broker is started with scripts/kafka.sh on a free port (and stopped at the end) unless KAFKA_BROKERS is set.
@@ -19,12 +19,13 @@ import { withBroker } from "./broker.js"
 import { type BenchResult, loadAverage, type Plan, renderResult } from "./harness.js"
 import { inMemory } from "./inMemory.js"
 import { exactlyOnce, type PostgresSizes } from "./postgres.js"
+import { manyFibers, pipeline, producerThroughput, type ProducerSizes } from "./producer.js"
 import { overhead, realistic, type RealBrokerSizes } from "./realBroker.js"
 import { makeTopics } from "./topics.js"
 
 process.env.KAFKAJS_NO_PARTITIONER_WARNING = "1"
 
-const benchmarkIds = ["overhead", "realistic", "postgres", "inmemory", "backlog"] as const
+const benchmarkIds = ["overhead", "realistic", "postgres", "inmemory", "backlog", "producer"] as const
 type BenchmarkId = (typeof benchmarkIds)[number]
 
 interface Sizes {
@@ -32,20 +33,29 @@ interface Sizes {
   readonly postgres: PostgresSizes
   readonly inMemoryRecords: number
   readonly backlog: BacklogSizes
+  readonly producer: ProducerSizes
 }
 
 const full: Sizes = {
   realBroker: { overheadRecords: 1_000_000, overheadValueBytes: [256, 16], realisticRecords: 20_000, partitions: 6 },
   postgres: { recordsPerBatchSize: [[1, 2_000], [100, 30_000], [1000, 100_000]] },
   inMemoryRecords: 1_000_000,
-  backlog: { small: 100_000, large: 1_000_000, partitions: 6, windowMs: 8_000, chunkDelayMs: 500 }
+  backlog: { small: 100_000, large: 1_000_000, partitions: 6, windowMs: 8_000, chunkDelayMs: 500 },
+  producer: {
+    throughputRecords: 200_000,
+    valueBytes: [256, 16],
+    fiberRecords: 20_000,
+    pipelineRecords: 20_000,
+    partitions: 6
+  }
 }
 
 const smoke: Sizes = {
   realBroker: { overheadRecords: 3_000, overheadValueBytes: [256, 16], realisticRecords: 600, partitions: 6 },
   postgres: { recordsPerBatchSize: [[1, 20], [100, 500], [1000, 3_000]] },
   inMemoryRecords: 20_000,
-  backlog: { small: 6_000, large: 30_000, partitions: 6, windowMs: 1_500, chunkDelayMs: 500 }
+  backlog: { small: 6_000, large: 30_000, partitions: 6, windowMs: 1_500, chunkDelayMs: 500 },
+  producer: { throughputRecords: 3_000, valueBytes: [256, 16], fiberRecords: 500, pipelineRecords: 600, partitions: 6 }
 }
 
 export interface Options {
@@ -144,7 +154,7 @@ const main = async (): Promise<number> => {
     const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
     await attempt("postgres", () => exactlyOnce(plan, url, sizes.postgres))
   }
-  if (wants("overhead") || wants("realistic") || wants("backlog")) {
+  if (wants("overhead") || wants("realistic") || wants("backlog") || wants("producer")) {
     try {
       await withBroker(log, async (brokers) => {
         const runId = `${process.pid}-${Date.now().toString(36)}`
@@ -157,6 +167,13 @@ const main = async (): Promise<number> => {
           }
           if (wants("realistic")) await attempt("realistic", () => realistic(plan, brokers, topics, sizes.realBroker))
           if (wants("backlog")) await attempt("backlog", () => backlog(plan, brokers, topics, sizes.backlog))
+          if (wants("producer")) {
+            for (const bytes of sizes.producer.valueBytes) {
+              await attempt(`producer-${bytes}b`, () => producerThroughput(plan, brokers, sizes.producer, bytes))
+            }
+            await attempt("producer-fibers", () => manyFibers(plan, brokers, sizes.producer))
+            await attempt("pipeline", () => pipeline(plan, brokers, sizes.producer))
+          }
         } finally {
           await topics.close()
         }

@@ -31,7 +31,11 @@ const expected = [
   "overhead-256b",
   "overhead-16b",
   "realistic",
-  "backlog"
+  "backlog",
+  "producer-256b",
+  "producer-16b",
+  "producer-fibers",
+  "pipeline"
 ]
 
 const runSmoke = (json: string) =>

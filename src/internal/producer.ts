@@ -269,10 +269,45 @@ export const unknownTopic = (topic: string) =>
     detail: `topic "${topic}" does not exist`
   })
 
+/**
+ * The records of one `send` or `sendAll`, answered together: one callback for the whole call, not a deferred per
+ * record (which costs more than the rest of the producer's work on a record).
+ */
+class Group {
+  readonly results: Array<Written>
+  remaining: number
+  /** Who waits for the answers: the caller, and any `flush` that came meanwhile. */
+  waiting: Array<() => void> | undefined = undefined
+  constructor(size: number) {
+    this.results = new Array(size)
+    this.remaining = size
+  }
+  settle(index: number, written: Written): void {
+    if (this.results[index] !== undefined) return
+    this.results[index] = written
+    if (--this.remaining === 0 && this.waiting !== undefined) {
+      for (const resume of this.waiting) resume()
+      this.waiting = undefined
+    }
+  }
+  /** Waits until every record of the group has its answer. */
+  get await(): Effect.Effect<ReadonlyArray<Written>> {
+    return Effect.async<ReadonlyArray<Written>>((resume) => {
+      if (this.remaining === 0) return resume(Effect.succeed(this.results))
+      const waiter = () => resume(Effect.succeed(this.results))
+      ;(this.waiting ??= []).push(waiter)
+      return Effect.sync(() => {
+        if (this.waiting !== undefined) this.waiting = this.waiting.filter((w) => w !== waiter)
+      })
+    })
+  }
+}
+
 interface Pending {
   readonly record: Prepared
   readonly at: number
-  readonly done: Deferred.Deferred<RecordMetadata, ProduceFailed>
+  readonly group: Group
+  readonly index: number
 }
 
 const closed = (record: Prepared, detail: string) =>
@@ -299,7 +334,7 @@ export const make = (
     let bufferBytes = 0
     let closing = false
     let flushes = 0
-    const inFlight = new Set<Pending>()
+    const inFlight = new Set<ReadonlyArray<Pending>>()
     const writers = new Set<Fiber.RuntimeFiber<void>>()
     let wake: Deferred.Deferred<void> | undefined
     let running = 0
@@ -314,8 +349,7 @@ export const make = (
       }
     }
 
-    const settle = (pending: Pending, written: Written) =>
-      Deferred.unsafeDone(pending.done, Either.isRight(written) ? Exit.succeed(written.right) : Exit.fail(written.left))
+    const settle = (pending: Pending, written: Written) => pending.group.settle(pending.index, written)
 
     const writeBatch = (batch: ReadonlyArray<Pending>) =>
       transport.write(batch.map((p) => p.record)).pipe(
@@ -345,7 +379,7 @@ export const make = (
               )
             }
           }
-          for (const p of batch) inFlight.delete(p)
+          inFlight.delete(batch)
           running--
           const free = slotFree.current
           if (free !== undefined) {
@@ -402,7 +436,7 @@ export const make = (
           continue
         }
         const batch = cut()
-        for (const p of batch) inFlight.add(p)
+        inFlight.add(batch)
         running++
         const writer = yield* Effect.forkDaemon(Effect.interruptible(writeBatch(batch)))
         writers.add(writer)
@@ -421,51 +455,57 @@ export const make = (
     const submit = (records: ReadonlyArray<Prepared>) =>
       Effect.flatMap(Clock.currentTimeMillis, (now) =>
         Effect.sync(() => {
-          const out: Array<Deferred.Deferred<RecordMetadata, ProduceFailed>> = []
+          const group = new Group(records.length)
           const wasEmpty = buffer.length === 0
-          for (const record of records) {
-            const done = Deferred.unsafeMake<RecordMetadata, ProduceFailed>(FiberId.none)
-            out.push(done)
+          for (let index = 0; index < records.length; index++) {
+            const record = records[index]!
             const refused = closing
               ? closed(record, "the producer is shut down")
               : refuse(record, settings.maxRequestSize)
             if (refused !== undefined) {
-              Deferred.unsafeDone(done, Exit.fail(refused))
+              group.settle(index, Either.left(refused))
               continue
             }
-            buffer.push({ record, at: now, done })
+            buffer.push({ record, at: now, group, index })
             bufferBytes += record.size
           }
           // The collector waits with no deadline while the buffer is empty, and with the linger deadline of the oldest
           // record otherwise: it is woken when the buffer stops being empty or holds a full batch.
           if (buffer.length > 0 && (wasEmpty || bufferBytes >= settings.batchSize)) signal()
-          return out
+          return group
         }))
 
     const send: Context.Tag.Service<typeof Producer>["send"] = (record) =>
-      Effect.flatMap(submit([prepare(record)]), (done) => Deferred.await(done[0]!))
+      Effect.flatMap(submit([prepare(record)]), (group) =>
+        Effect.flatMap(group.await, (results) => {
+          const written = results[0]!
+          return Either.isRight(written) ? Effect.succeed(written.right) : Effect.fail(written.left)
+        }))
 
     const sendAll: Context.Tag.Service<typeof Producer>["sendAll"] = (records) =>
       Effect.suspend(() => submit(Array.from(records, prepare))).pipe(
-        Effect.flatMap((dones) => Effect.forEach(dones, (d) => Effect.either(Deferred.await(d)))),
+        Effect.flatMap((group) => group.await),
         Effect.flatMap((results) => {
-          const out: Array<RecordMetadata> = []
-          for (const r of results) {
+          const out: Array<RecordMetadata> = new Array(results.length)
+          for (let i = 0; i < results.length; i++) {
+            const r = results[i]!
             if (Either.isLeft(r)) return Effect.fail(r.left)
-            out.push(r.right)
+            out[i] = r.right
           }
           return Effect.succeed(out)
         })
       )
 
     const flush: Effect.Effect<void> = Effect.suspend(() => {
-      const waiting = [...buffer, ...inFlight].map((p) => p.done)
-      if (waiting.length === 0) return Effect.void
+      const waiting = new Set<Group>()
+      for (const p of buffer) waiting.add(p.group)
+      for (const batch of inFlight) for (const p of batch) waiting.add(p.group)
+      if (waiting.size === 0) return Effect.void
       if (buffer.length > 0) {
         flushes++
         signal()
       }
-      return Effect.forEach(waiting, (d) => Effect.exit(Deferred.await(d)), { discard: true })
+      return Effect.forEach(waiting, (group) => group.await, { discard: true })
     })
 
     yield* Effect.addFinalizer(() =>
@@ -479,7 +519,7 @@ export const make = (
         yield* Fiber.interrupt(collectorFiber)
         if (Option.isNone(finished)) {
           yield* Fiber.interruptAll(writers)
-          for (const p of [...buffer, ...inFlight]) {
+          for (const p of [...buffer, ...Array.from(inFlight).flat()]) {
             settle(p, Either.left(closed(p.record, "the producer was shut down before the record was written")))
           }
           buffer = []

@@ -1,0 +1,371 @@
+/**
+ * Benchmarks 6 to 8: the producer against raw kafkajs on a real broker, and consume-transform-produce exactly once
+ * against a hand-written kafkajs transactional loop.
+ */
+import * as Chunk from "effect/Chunk"
+import * as Deferred from "effect/Deferred"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import { CompressionTypes, Kafka, logLevel, type Message } from "kafkajs"
+import * as CommitPolicy from "../src/CommitPolicy.js"
+import * as Consumer from "../src/Consumer.js"
+import * as KafkaJs from "../src/KafkaJs.js"
+import * as Producer from "../src/Producer.js"
+import { settings } from "./consumers.js"
+import { type BenchResult, compare, type Plan, ratioAtLeast, type Sample, timed } from "./harness.js"
+
+export interface ProducerSizes {
+  /** Records per run of the throughput benchmark, per value size. */
+  readonly throughputRecords: number
+  readonly valueBytes: ReadonlyArray<number>
+  /** Records per run of the many-fibers benchmark. */
+  readonly fiberRecords: number
+  /** Input records per run of the consume-transform-produce benchmark. */
+  readonly pipelineRecords: number
+  readonly partitions: number
+}
+
+let seq = 0
+const fresh = (what: string) => `bench-${what}-${process.pid}-${++seq}-${crypto.randomUUID().slice(0, 8)}`
+
+const kafkaOf = (brokers: string) =>
+  new Kafka({ clientId: "bench-producer", brokers: brokers.split(","), logLevel: logLevel.NOTHING })
+
+const createTopic = async (brokers: string, partitions: number): Promise<string> => {
+  const topic = fresh("out")
+  const admin = kafkaOf(brokers).admin()
+  await admin.connect()
+  try {
+    await admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true })
+  } finally {
+    await admin.disconnect()
+  }
+  return topic
+}
+
+const deleteTopics = async (brokers: string, topics: ReadonlyArray<string>) => {
+  const admin = kafkaOf(brokers).admin()
+  await admin.connect()
+  await admin.deleteTopics({ topics: [...topics] }).catch(() => undefined)
+  await admin.disconnect()
+}
+
+/** Both sides send in slices of this many records, so that they batch alike. */
+const SLICE = 1_000
+
+type Durability = "acks1" | "idempotent"
+
+/** Raw kafkajs: `sendBatch` of SLICE records at a time, one in flight, explicit partitions. */
+const rawThroughput = async (
+  brokers: string,
+  topic: string,
+  records: number,
+  valueBytes: number,
+  partitions: number,
+  durability: Durability
+): Promise<Sample> => {
+  const producer = kafkaOf(brokers).producer({
+    idempotent: durability === "idempotent",
+    maxInFlightRequests: 1,
+    allowAutoTopicCreation: false
+  })
+  await producer.connect()
+  try {
+    const value = Buffer.alloc(valueBytes, 0x61)
+    const started = performance.now()
+    for (let at = 0; at < records; at += SLICE) {
+      const messages: Array<Message> = []
+      for (let i = at; i < Math.min(records, at + SLICE); i++) messages.push({ partition: i % partitions, value })
+      await producer.sendBatch({
+        topicMessages: [{ topic, messages }],
+        acks: durability === "idempotent" ? -1 : 1,
+        compression: CompressionTypes.None
+      })
+    }
+    const millis = performance.now() - started
+    return { value: records / (millis / 1000), details: { "total ms": millis } }
+  } finally {
+    await producer.disconnect()
+  }
+}
+
+/** The library: `sendAll` of SLICE records at a time, linger 0 (a slice is a batch as it is). */
+const libraryThroughput = (
+  brokers: string,
+  topic: string,
+  records: number,
+  valueBytes: number,
+  partitions: number,
+  durability: Durability
+): Promise<Sample> =>
+  Effect.runPromise(Effect.gen(function*() {
+    const value = new Uint8Array(valueBytes).fill(0x61)
+    const started = performance.now()
+    for (let at = 0; at < records; at += SLICE) {
+      const slice: Array<Producer.ProducerRecord> = []
+      for (let i = at; i < Math.min(records, at + SLICE); i++) slice.push({ topic, partition: i % partitions, value })
+      yield* Producer.sendAll(slice)
+    }
+    const millis = performance.now() - started
+    return { value: records / (millis / 1000), details: { "total ms": millis } }
+  }).pipe(
+    Effect.provide(KafkaJs.layerProducer({
+      brokers: brokers.split(","),
+      logLevel: "nothing",
+      linger: 0,
+      batchSize: 4 * 1024 * 1024,
+      ...(durability === "idempotent" ? { acks: "all", idempotent: true } : { acks: 1, idempotent: false })
+    })),
+    Effect.scoped
+  ))
+
+/**
+ * 6. Producer throughput: records/s written with sends of 1,000 records, at acks 1 and at acks all with idempotence,
+ * the library against raw kafkajs `sendBatch`.
+ */
+export const producerThroughput = (
+  plan: Plan,
+  brokers: string,
+  sizes: ProducerSizes,
+  valueBytes: number
+): Promise<BenchResult> =>
+  timed(async () => {
+    const topic = await createTopic(brokers, sizes.partitions)
+    try {
+      const n = sizes.throughputRecords
+      plan.log(`6. producer throughput, ${n.toLocaleString("en-US")} x ${valueBytes} B`)
+      const run = (side: "raw" | "lib", durability: Durability) => () =>
+        side === "raw"
+          ? rawThroughput(brokers, topic, n, valueBytes, sizes.partitions, durability)
+          : libraryThroughput(brokers, topic, n, valueBytes, sizes.partitions, durability)
+      const variants = await compare(plan, [
+        { id: "raw1", label: "raw kafkajs sendBatch, acks 1", run: run("raw", "acks1") },
+        { id: "lib1", label: "library sendAll, acks 1", run: run("lib", "acks1") },
+        { id: "rawAll", label: "raw kafkajs sendBatch, acks all, idempotent", run: run("raw", "idempotent") },
+        { id: "libAll", label: "library sendAll, acks all, idempotent", run: run("lib", "idempotent") }
+      ])
+      return {
+        id: `producer-${valueBytes}b`,
+        title: `6. Producer throughput on a real broker: ${n.toLocaleString("en-US")} records x ${valueBytes} B, ` +
+          `${sizes.partitions} partitions`,
+        unit: "records/s",
+        warmup: plan.warmup,
+        rounds: plan.rounds,
+        variants,
+        checks: [ratioAtLeast(variants, "lib1", "raw1", 0.95), ratioAtLeast(variants, "libAll", "rawAll", 0.95)],
+        notes: [
+          `both send ${SLICE.toLocaleString("en-US")} records at a time, one send in flight, explicit partitions ` +
+          "(round robin), no compression; a fresh producer per run, connect excluded"
+        ]
+      }
+    } finally {
+      await deleteTopics(brokers, [topic])
+    }
+  })
+
+/**
+ * 7. Many fibers, one record each: every record is its own `send` from its own fiber (or promise), all at once, as
+ * request handlers of an application would; the library merges them within its linger, kafkajs sends each alone.
+ */
+export const manyFibers = (plan: Plan, brokers: string, sizes: ProducerSizes): Promise<BenchResult> =>
+  timed(async () => {
+    const topic = await createTopic(brokers, sizes.partitions)
+    try {
+      const n = sizes.fiberRecords
+      plan.log(`7. many fibers, one record each, ${n.toLocaleString("en-US")} records`)
+      const raw = async (): Promise<Sample> => {
+        const producer = kafkaOf(brokers).producer({ idempotent: true, maxInFlightRequests: 1, allowAutoTopicCreation: false })
+        await producer.connect()
+        try {
+          const value = Buffer.alloc(256, 0x61)
+          const started = performance.now()
+          await Promise.all(Array.from({ length: n }, (_, i) =>
+            producer.send({ topic, acks: -1, messages: [{ partition: i % sizes.partitions, value }] })))
+          const millis = performance.now() - started
+          return { value: n / (millis / 1000), details: { "total ms": millis } }
+        } finally {
+          await producer.disconnect()
+        }
+      }
+      const lib = (): Promise<Sample> =>
+        Effect.runPromise(Effect.gen(function*() {
+          const value = new Uint8Array(256).fill(0x61)
+          const started = performance.now()
+          yield* Effect.forEach(
+            Array.from({ length: n }, (_, i) => i),
+            (i) => Producer.send({ topic, partition: i % sizes.partitions, value }),
+            { concurrency: "unbounded", discard: true }
+          )
+          const millis = performance.now() - started
+          return { value: n / (millis / 1000), details: { "total ms": millis } }
+        }).pipe(
+          Effect.provide(KafkaJs.layerProducer({ brokers: brokers.split(","), logLevel: "nothing" })),
+          Effect.scoped
+        ))
+      const variants = await compare(plan, [
+        { id: "raw", label: "raw kafkajs: one send per record, all awaited at once (idempotent, acks all)", run: raw },
+        { id: "lib", label: "library: one Producer.send per fiber, all at once (defaults: idempotent, linger 5 ms)", run: lib }
+      ])
+      return {
+        id: "producer-fibers",
+        title: `7. Many fibers, one record each: ${n.toLocaleString("en-US")} records x 256 B, ${sizes.partitions} partitions`,
+        unit: "records/s",
+        warmup: plan.warmup,
+        rounds: plan.rounds,
+        variants,
+        checks: [ratioAtLeast(variants, "lib", "raw", 5)],
+        notes: ["kafkajs has no linger: each send is a request of its own, one in flight per broker when idempotent"]
+      }
+    } finally {
+      await deleteTopics(brokers, [topic])
+    }
+  })
+
+/** Fills an input topic for the pipeline benchmark. */
+const fillInput = async (brokers: string, records: number, partitions: number): Promise<string> => {
+  const topic = await createTopic(brokers, partitions)
+  const producer = kafkaOf(brokers).producer({ allowAutoTopicCreation: false })
+  await producer.connect()
+  try {
+    const value = Buffer.alloc(256, 0x61)
+    for (let at = 0; at < records; at += 5_000) {
+      const messages: Array<Message> = []
+      for (let i = at; i < Math.min(records, at + 5_000); i++) messages.push({ partition: i % partitions, value })
+      await producer.send({ topic, acks: 1, messages })
+    }
+  } finally {
+    await producer.disconnect()
+  }
+  return topic
+}
+
+/**
+ * The hand-written kafkajs pipeline: a consumer's `eachBatch` sends the batch's records to the output and the batch's
+ * position in one transaction of one transactional producer, then commits it.
+ */
+const rawPipeline = async (brokers: string, input: string, output: string, records: number): Promise<Sample> => {
+  const kafka = kafkaOf(brokers)
+  const group = fresh("raw-pipeline")
+  const producer = kafka.producer({
+    transactionalId: `${group}-tx`,
+    idempotent: true,
+    maxInFlightRequests: 1,
+    allowAutoTopicCreation: false
+  })
+  const consumer = kafka.consumer({
+    groupId: group,
+    maxWaitTimeInMs: settings.maxWaitTimeInMs,
+    sessionTimeout: settings.sessionTimeoutMs,
+    heartbeatInterval: settings.heartbeatIntervalMs,
+    readUncommitted: false
+  })
+  await producer.connect()
+  await consumer.connect()
+  try {
+    await consumer.subscribe({ topics: [input], fromBeginning: true })
+    let count = 0
+    const done = new Promise<void>((resolve, reject) => {
+      void consumer.run({
+        autoCommit: false,
+        eachBatch: async ({ batch }) => {
+          const txn = await producer.transaction()
+          try {
+            await txn.send({
+              topic: output,
+              messages: batch.messages.map((m) => ({ partition: batch.partition, value: m.value }))
+            })
+            await txn.sendOffsets({
+              consumerGroupId: group,
+              topics: [{
+                topic: batch.topic,
+                partitions: [{ partition: batch.partition, offset: String(Number(batch.lastOffset()) + 1) }]
+              }]
+            })
+            await txn.commit()
+          } catch (error) {
+            await txn.abort()
+            reject(error)
+            return
+          }
+          count += batch.messages.length
+          if (count >= records) resolve()
+        }
+      }).catch(reject)
+    })
+    const started = performance.now()
+    await done
+    const millis = performance.now() - started
+    return { value: records / (millis / 1000), details: { "total ms": millis } }
+  } finally {
+    await consumer.disconnect()
+    await producer.disconnect()
+  }
+}
+
+/** The library's pipeline: `kafkaTransactional`, the handler sending each chunk's records to the output. */
+const libraryPipeline = (brokers: string, input: string, output: string, records: number): Promise<Sample> =>
+  Effect.runPromise(Effect.gen(function*() {
+    const done = yield* Deferred.make<void>()
+    let count = 0
+    const started = performance.now()
+    yield* Consumer.run({ groupId: fresh("lib-pipeline"), topics: [input] }, (chunk) =>
+      Effect.gen(function*() {
+        yield* Producer.sendAll(Chunk.map(chunk, (r) => ({ topic: output, partition: r.partition, value: r.value })))
+        count += Chunk.size(chunk)
+        if (count >= records) yield* Deferred.succeed(done, undefined)
+      })).pipe(
+        Effect.raceFirst(Deferred.await(done)),
+        Effect.provide(
+          CommitPolicy.kafkaTransactional().pipe(
+            Layer.provide(KafkaJs.layerTransactionalProducers({ brokers: brokers.split(","), logLevel: "nothing", linger: 0 }))
+          )
+        ),
+        Effect.provide(KafkaJs.layer({
+          brokers: brokers.split(","),
+          logLevel: "nothing",
+          maxWaitTime: settings.maxWaitTimeInMs,
+          partitionsConsumedConcurrently: settings.partitionsConsumedConcurrently
+        }))
+      )
+    const millis = performance.now() - started
+    return { value: records / (millis / 1000), details: { "total ms": millis } }
+  }))
+
+/**
+ * 8. Consume, transform, produce exactly once: the `kafkaTransactional` policy (a transactional producer per input
+ * partition, partitions in parallel) against a hand-written kafkajs loop (one transaction per fetched batch).
+ */
+export const pipeline = (plan: Plan, brokers: string, sizes: ProducerSizes): Promise<BenchResult> =>
+  timed(async () => {
+    const n = sizes.pipelineRecords
+    const input = await fillInput(brokers, n, sizes.partitions)
+    const outputs: Array<string> = []
+    const output = async () => {
+      const topic = await createTopic(brokers, sizes.partitions)
+      outputs.push(topic)
+      return topic
+    }
+    try {
+      plan.log(`8. consume-transform-produce exactly once, ${n.toLocaleString("en-US")} records`)
+      const variants = await compare(plan, [
+        { id: "raw", label: "hand-written kafkajs loop: a transaction per eachBatch", run: async () => rawPipeline(brokers, input, await output(), n) },
+        { id: "lib", label: "library: CommitPolicy.kafkaTransactional, Producer.sendAll per chunk", run: async () => libraryPipeline(brokers, input, await output(), n) }
+      ])
+      return {
+        id: "pipeline",
+        title: `8. Consume-transform-produce exactly once: ${n.toLocaleString("en-US")} records x 256 B, ${sizes.partitions} partitions`,
+        unit: "records/s",
+        warmup: plan.warmup,
+        rounds: plan.rounds,
+        variants,
+        checks: [ratioAtLeast(variants, "lib", "raw", 0.9)],
+        notes: [
+          "time from subscribing until the last input record's transaction committed, group join included on both sides",
+          "the raw loop sends each batch's records and position in one transaction of one producer, as kafkajs's " +
+          "documentation shows; the library uses a producer per input partition (zombie fencing) and its defaults"
+        ]
+      }
+    } finally {
+      await deleteTopics(brokers, [input, ...outputs])
+    }
+  })
