@@ -6,6 +6,12 @@
 #   scripts/kafka.sh stop     stop the broker started by `start` and delete its data
 #   scripts/kafka.sh status   say whether it runs (exit 0) or not (exit 3)
 #
+# Cluster mode (KAFKA_NODES=3): three KRaft nodes on 127.0.0.1, each broker and controller, node N's client port
+# KAFKA_PORT + 2(N-1) and its controller port the next one; internal topics and new topics get 3 replicas and
+# min.insync.replicas=2. `start`, `stop` and `status` act on all nodes, and:
+#   scripts/kafka.sh kill-node N    SIGKILL node N (its data stays)
+#   scripts/kafka.sh start-node N   start node N again on its data, and wait until it is ready
+#
 # Environment:
 #   KAFKA_PORT            client port (default 19092); the controller listens on KAFKA_PORT + 1
 #   KAFKA_START_TIMEOUT   seconds to wait for the broker to be ready (default 90)
@@ -13,8 +19,9 @@
 #   KAFKA_CACHE_DIR       where jars and broker state live (default <project>/.cache/kafka)
 #   KAFKA_KEEP_LOGS=1     `stop` keeps the broker's logs (in $KAFKA_CACHE_DIR/run-<port>/logs)
 #   KAFKA_WATCH_PID       `start` also stops the broker when this process exits (the test runner passes its pid)
+#   KAFKA_NODES           1 (the default) or 3: a single broker, or a cluster of three
 #
-# On success `start` prints `KAFKA_BROKERS=127.0.0.1:<port>` on stdout; everything else goes to stderr.
+# On success `start` prints `KAFKA_BROKERS=127.0.0.1:<port>[,...]` on stdout; everything else goes to stderr.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,20 +43,48 @@ die() {
 if ! [[ "$KAFKA_PORT" =~ ^[0-9]+$ ]] || ((KAFKA_PORT < 1 || KAFKA_PORT > 65534)); then
   die "KAFKA_PORT must be a port number below 65535, got '$KAFKA_PORT'"
 fi
-CONTROLLER_PORT=$((KAFKA_PORT + 1))
+NODES="${KAFKA_NODES:-1}"
+[[ "$NODES" == "1" || "$NODES" == "3" ]] || die "KAFKA_NODES must be 1 or 3, got '$NODES'"
+BASE_PORT="$KAFKA_PORT"
 # One state dir per port, so brokers on different ports do not step on each other.
-RUN_DIR="$CACHE_DIR/run-$KAFKA_PORT"
-PID_FILE="$RUN_DIR/kafka.pid"
-LOG_DIR="$RUN_DIR/logs"
-DATA_DIR="$RUN_DIR/data"
+if [[ "$NODES" == "1" ]]; then CLUSTER_DIR="$CACHE_DIR/run-$BASE_PORT"; else CLUSTER_DIR="$CACHE_DIR/run-$BASE_PORT-cluster"; fi
+
+# Points the per-node variables at node $1 (1 for the single broker).
+node() {
+  NODE_ID="$1"
+  KAFKA_PORT=$((BASE_PORT + 2 * (NODE_ID - 1)))
+  CONTROLLER_PORT=$((KAFKA_PORT + 1))
+  if [[ "$NODES" == "1" ]]; then RUN_DIR="$CLUSTER_DIR"; else RUN_DIR="$CLUSTER_DIR/node-$NODE_ID"; fi
+  PID_FILE="$RUN_DIR/kafka.pid"
+  LOG_DIR="$RUN_DIR/logs"
+  DATA_DIR="$RUN_DIR/data"
+}
+node 1
+
+# Every node's client address, comma-separated.
+brokers_list() {
+  local out="" i
+  for i in $(seq 1 "$NODES"); do out+="${out:+,}127.0.0.1:$((BASE_PORT + 2 * (i - 1)))"; done
+  echo "$out"
+}
+
+# The controller quorum: every node's controller.
+voters() {
+  local out="" i
+  for i in $(seq 1 "$NODES"); do out+="${out:+,}$i@127.0.0.1:$((BASE_PORT + 2 * (i - 1) + 1))"; done
+  echo "$out"
+}
 
 usage() {
   cat >&2 <<EOF
-usage: $0 fetch|start|stop|status
-  fetch   fetch the broker's jars into the cache (start does this too)
-  start   start a single-node Kafka broker on 127.0.0.1:\$KAFKA_PORT (default 19092)
-  stop    stop it and delete its data
-  status  exit 0 when it runs, 3 when it does not
+usage: $0 fetch|start|stop|status|kill-node N|start-node N
+  fetch         fetch the broker's jars into the cache (start does this too)
+  start         start a single-node Kafka broker on 127.0.0.1:\$KAFKA_PORT (default 19092), or with KAFKA_NODES=3 a
+                cluster of three
+  stop          stop it and delete its data
+  status        exit 0 when it runs, 3 when it does not
+  kill-node N   (KAFKA_NODES=3) SIGKILL node N, keeping its data
+  start-node N  (KAFKA_NODES=3) start node N again on its data
 EOF
   exit 2
 }
@@ -136,11 +171,13 @@ cluster_id() {
 }
 
 write_config() {
+  local replicas=1 isr=1
+  if [[ "$NODES" == "3" ]]; then replicas=3; isr=2; fi
   cat >"$RUN_DIR/server.properties" <<EOF
-# Single-node KRaft broker for tests, written by scripts/kafka.sh.
+# KRaft node $NODE_ID of $NODES for tests, written by scripts/kafka.sh.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
+node.id=$NODE_ID
+controller.quorum.voters=$(voters)
 listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
 advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
 controller.listener.names=CONTROLLER
@@ -148,12 +185,14 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs=$DATA_DIR
 num.partitions=1
-# One broker: internal topics must not ask for more replicas than exist, or groups and transactions hang.
-offsets.topic.replication.factor=1
+# Internal topics must not ask for more replicas than exist, or groups and transactions hang.
+offsets.topic.replication.factor=$replicas
 offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$replicas
+transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=1
+default.replication.factor=$replicas
+min.insync.replicas=$isr
 # Tests join groups constantly; do not wait for more members before the first rebalance.
 group.initial.rebalance.delay.ms=0
 log.cleaner.dedupe.buffer.size=1048577
@@ -182,76 +221,133 @@ log4j.logger.kafka.log=WARN
 EOF
 }
 
-start() {
-  require_tools
-  mkdir -p "$CACHE_DIR"
-  # Serialize concurrent `start`s for the same port (e.g. two test runs).
-  exec 9>"$CACHE_DIR/.lock-$KAFKA_PORT"
-  flock -w "$((START_TIMEOUT + 600))" 9 || die "timed out waiting for another scripts/kafka.sh on port $KAFKA_PORT"
-
-  local pid
-  pid="$(running_pid)"
-  if [[ -n "$pid" ]]; then
-    log "already running (pid $pid)"
-    echo "KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
-    return 0
-  fi
-  if port_in_use "$KAFKA_PORT" || port_in_use "$CONTROLLER_PORT"; then
-    log "port $KAFKA_PORT or $CONTROLLER_PORT is taken by another process."
-    die "Set KAFKA_PORT to start on other ports, or use that broker: KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT npm test"
-  fi
-
-  fetch_libs
-
-  rm -rf "$RUN_DIR"
-  mkdir -p "$RUN_DIR" "$LOG_DIR" "$DATA_DIR"
-  write_config
-
+# Launches node $NODE_ID's JVM on its (formatted) data dir and waits until it is ready.
+launch_node() {
   local classpath="$LIBS_DIR/*"
   local -a jvm=(java -Xms256m -Xmx512m -XX:+UseSerialGC -Djava.awt.headless=true
     "-Dlog4j.configuration=file:$RUN_DIR/log4j.properties" -cp "$classpath")
-
-  "${jvm[@]}" kafka.tools.StorageTool format -t "$(cluster_id)" -c "$RUN_DIR/server.properties" \
-    >"$LOG_DIR/format.log" 2>&1 || {
-    cat "$LOG_DIR/format.log" >&2
-    die "formatting the data dir failed"
-  }
-
-  local started_at=$SECONDS
+  local started_at=$SECONDS lines=0
+  [[ -f "$LOG_DIR/server.log" ]] && lines=$(grep -c "Kafka Server started" "$LOG_DIR/server.log" || true)
   # setsid: the broker must outlive the shell (and the test runner) that started it, until `stop`.
   # 9>&-: the broker must not inherit (and hold) the start lock.
   setsid "${jvm[@]}" kafka.Kafka "$RUN_DIR/server.properties" \
-    </dev/null >"$LOG_DIR/stdout.log" 2>&1 9>&- &
-  pid=$!
+    </dev/null >>"$LOG_DIR/stdout.log" 2>&1 9>&- &
+  local pid=$!
   echo "$pid" >"$PID_FILE"
+  LAUNCHED_PID="$pid"
+  # A cluster's nodes wait for each other's quorum: their readiness is checked by `wait_ready`, all together.
+  [[ "${NO_WAIT:-0}" == "1" ]] && return 0
+  wait_ready "$pid" "$lines"
+  log "node $NODE_ID started (pid $pid) in $((SECONDS - started_at))s, logs in $LOG_DIR"
+}
 
+# Waits until node $NODE_ID's log says it started once more than `$2` times before.
+wait_ready() {
+  local pid="$1" before="$2"
   local deadline=$((SECONDS + START_TIMEOUT))
   while :; do
-    if grep -q "Kafka Server started" "$LOG_DIR/server.log" 2>/dev/null; then
+    local now=0
+    [[ -f "$LOG_DIR/server.log" ]] && now=$(grep -c "Kafka Server started" "$LOG_DIR/server.log" || true)
+    if ((now > before)); then
       break
     fi
     if ! kill -0 "$pid" 2>/dev/null; then
       tail -n 40 "$LOG_DIR/server.log" "$LOG_DIR/stdout.log" >&2 2>/dev/null || true
       rm -f "$PID_FILE"
-      die "the broker exited during startup (logs above, in $LOG_DIR)"
+      die "node $NODE_ID exited during startup (logs above, in $LOG_DIR)"
     fi
     if ((SECONDS >= deadline)); then
       tail -n 40 "$LOG_DIR/server.log" >&2 2>/dev/null || true
       stop_pid "$pid"
-      die "the broker was not ready within ${START_TIMEOUT}s (logs in $LOG_DIR)"
+      die "node $NODE_ID was not ready within ${START_TIMEOUT}s (logs in $LOG_DIR)"
     fi
     sleep 0.25
+  done
+}
+
+start() {
+  require_tools
+  mkdir -p "$CACHE_DIR"
+  # Serialize concurrent `start`s for the same port (e.g. two test runs).
+  exec 9>"$CACHE_DIR/.lock-$BASE_PORT"
+  flock -w "$((START_TIMEOUT + 600))" 9 || die "timed out waiting for another scripts/kafka.sh on port $BASE_PORT"
+
+  local pid
+  pid="$(running_pid)"
+  if [[ -n "$pid" ]]; then
+    log "already running (pid $pid)"
+    echo "KAFKA_BROKERS=$(brokers_list)"
+    return 0
+  fi
+  local i
+  for i in $(seq 1 "$NODES"); do
+    node "$i"
+    if port_in_use "$KAFKA_PORT" || port_in_use "$CONTROLLER_PORT"; then
+      log "port $KAFKA_PORT or $CONTROLLER_PORT is taken by another process."
+      die "Set KAFKA_PORT to start on other ports, or use that broker: KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT npm test"
+    fi
+  done
+
+  fetch_libs
+
+  rm -rf "$CLUSTER_DIR"
+  local id
+  id="$(cluster_id)"
+  local classpath="$LIBS_DIR/*"
+  local started_at=$SECONDS
+  local -a pids=()
+  for i in $(seq 1 "$NODES"); do
+    node "$i"
+    mkdir -p "$RUN_DIR" "$LOG_DIR" "$DATA_DIR"
+    write_config
+    java -Xms128m -Xmx256m -XX:+UseSerialGC -Djava.awt.headless=true \
+      "-Dlog4j.configuration=file:$RUN_DIR/log4j.properties" -cp "$classpath" \
+      kafka.tools.StorageTool format -t "$id" -c "$RUN_DIR/server.properties" >"$LOG_DIR/format.log" 2>&1 || {
+      cat "$LOG_DIR/format.log" >&2
+      die "formatting the data dir of node $i failed"
+    }
+    NO_WAIT=1 launch_node
+    pids+=("$LAUNCHED_PID")
+  done
+  for i in $(seq 1 "$NODES"); do
+    node "$i"
+    wait_ready "${pids[$((i - 1))]}" 0
   done
   if [[ "${KAFKA_WATCH_PID:-}" =~ ^[0-9]+$ ]]; then
     # Stops the broker once the process that asked for it is gone, even when that process was killed before it could
     # call `stop` (a test runner under `timeout`, say).
-    KAFKA_PORT="$KAFKA_PORT" KAFKA_CACHE_DIR="$CACHE_DIR" setsid bash -c '
-      while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 2; done
-      if kill -0 "$2" 2>/dev/null; then bash "$3" stop; fi
-    ' kafka-watch "$KAFKA_WATCH_PID" "$pid" "$SCRIPT_DIR/kafka.sh" </dev/null >/dev/null 2>&1 9>&- &
+    KAFKA_PORT="$BASE_PORT" KAFKA_NODES="$NODES" KAFKA_CACHE_DIR="$CACHE_DIR" setsid bash -c '
+      while kill -0 "$1" 2>/dev/null && [[ -d "$2" ]]; do sleep 2; done
+      if [[ -d "$2" ]]; then bash "$3" stop; fi
+    ' kafka-watch "$KAFKA_WATCH_PID" "$CLUSTER_DIR" "$SCRIPT_DIR/kafka.sh" </dev/null >/dev/null 2>&1 9>&- &
   fi
-  log "started (pid $pid) in $((SECONDS - started_at))s, logs in $LOG_DIR"
-  echo "KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
+  log "started ${NODES} node(s) (pids ${pids[*]}) in $((SECONDS - started_at))s, logs in $CLUSTER_DIR"
+  echo "KAFKA_BROKERS=$(brokers_list)"
+}
+
+kill_node() {
+  [[ "$NODES" == "3" ]] || die "kill-node needs KAFKA_NODES=3"
+  [[ "${1:-}" =~ ^[1-3]$ ]] || die "kill-node takes a node number from 1 to 3, got '${1:-}'"
+  node "$1"
+  local pid
+  pid="$(running_pid)"
+  [[ -n "$pid" ]] || die "node $1 is not running"
+  kill -KILL "$pid"
+  local i
+  for i in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  log "node $1 killed (pid $pid)"
+}
+
+start_node() {
+  [[ "$NODES" == "3" ]] || die "start-node needs KAFKA_NODES=3"
+  [[ "${1:-}" =~ ^[1-3]$ ]] || die "start-node takes a node number from 1 to 3, got '${1:-}'"
+  node "$1"
+  [[ -f "$RUN_DIR/server.properties" ]] || die "node $1 was never started; run start first"
+  [[ -z "$(running_pid)" ]] || die "node $1 is running already"
+  launch_node
 }
 
 stop_pid() {
@@ -275,31 +371,42 @@ stop_pid() {
 }
 
 stop() {
-  local pid
-  pid="$(running_pid)"
-  if [[ -z "$pid" ]]; then
-    log "not running on port $KAFKA_PORT"
-  else
-    stop_pid "$pid"
-    log "stopped (pid $pid)"
-  fi
+  local i pid
+  for i in $(seq 1 "$NODES"); do
+    node "$i"
+    pid="$(running_pid)"
+    if [[ -z "$pid" ]]; then
+      log "node $i not running on port $KAFKA_PORT"
+    else
+      stop_pid "$pid"
+      log "stopped node $i (pid $pid)"
+    fi
+  done
   # KAFKA_KEEP_LOGS=1 keeps the broker's logs for inspection; the data always goes.
   if [[ "${KAFKA_KEEP_LOGS:-0}" == "1" ]]; then
-    rm -rf "$DATA_DIR" "$PID_FILE"
+    for i in $(seq 1 "$NODES"); do
+      node "$i"
+      rm -rf "$DATA_DIR" "$PID_FILE"
+    done
   else
-    rm -rf "$RUN_DIR"
+    rm -rf "$CLUSTER_DIR"
   fi
 }
 
 status() {
-  local pid
-  pid="$(running_pid)"
-  if [[ -n "$pid" ]]; then
-    echo "running (pid $pid) KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
-  else
-    echo "not running on port $KAFKA_PORT"
-    exit 3
-  fi
+  local i pid down=0
+  for i in $(seq 1 "$NODES"); do
+    node "$i"
+    pid="$(running_pid)"
+    if [[ -n "$pid" ]]; then
+      echo "node $i running (pid $pid) on 127.0.0.1:$KAFKA_PORT"
+    else
+      echo "node $i not running on port $KAFKA_PORT"
+      down=1
+    fi
+  done
+  if ((down == 1)); then exit 3; fi
+  echo "KAFKA_BROKERS=$(brokers_list)"
 }
 
 case "${1:-}" in
@@ -310,5 +417,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
+  kill-node) kill_node "${2:-}" ;;
+  start-node) start_node "${2:-}" ;;
   *) usage ;;
 esac
