@@ -3,6 +3,7 @@ import * as Layer from "effect/Layer"
 import { execFile } from "node:child_process"
 import * as path from "node:path"
 import * as Effect from "effect/Effect"
+import { Kafka, logLevel } from "kafkajs"
 import { inject } from "vitest"
 import * as Producer from "../src/Producer.js"
 import * as KafkaJs from "../src/KafkaJs.js"
@@ -24,6 +25,36 @@ if (brokers) {
         })
       )
   )
+
+  describe("KafkaJs producer: refusals only the broker knows", () => {
+    it.live("a record larger than the topic's max.message.bytes fails with RecordTooLarge naming the topic; what was acknowledged stays", () =>
+      Effect.gen(function*() {
+        const topic = `small-messages-${crypto.randomUUID().slice(0, 8)}`
+        yield* Effect.tryPromise(async () => {
+          const admin = new Kafka({ brokers: list, logLevel: logLevel.NOTHING }).admin()
+          await admin.connect()
+          try {
+            await admin.createTopics({
+              topics: [{ topic, numPartitions: 1, configEntries: [{ name: "max.message.bytes", value: "1000" }] }],
+              waitForLeaders: true
+            })
+          } finally {
+            await admin.disconnect()
+          }
+        })
+        const kept = yield* Producer.send({ topic, value: "small" })
+        // Below the producer's maxRequestSize: only the broker can refuse it.
+        const error = yield* Effect.flip(Producer.send({ topic, value: new Uint8Array(5_000) }))
+        assert.strictEqual(error.reason, "RecordTooLarge")
+        assert.strictEqual(error.code, "MESSAGE_TOO_LARGE")
+        assert.include(error.message, topic)
+        const after = yield* Producer.send({ topic, value: "after" })
+        assert.strictEqual(after.offset, kept.offset + 1n)
+      }).pipe(
+        Effect.provide(KafkaJs.layerProducer({ brokers: list, logLevel: "nothing", linger: 0 })),
+        Effect.scoped
+      ), 60_000)
+  })
 
   describe("KafkaJs producer and the Java client", () => {
     /** Writes one record per key with the Java client (kafka-clients 3.9.1, default partitioner); key → partition. */
