@@ -140,7 +140,7 @@ const policies = Options.text("policies").pipe(
     }
     return Effect.succeed(names as ReadonlyArray<PolicyName>)
   }),
-  Options.withDescription("Which policies to run, comma-separated, in that order. Default: all four.")
+  Options.withDescription("Which policies to run, comma-separated, in that order. Default: all five.")
 )
 
 const json = Options.boolean("json").pipe(
