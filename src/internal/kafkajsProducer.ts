@@ -208,13 +208,32 @@ export const make = (
   Effect.gen(function*() {
     const kafka = makeClient(client)
     const admin = yield* connected(kafka.admin())
-    const kafkaProducer = yield* connected(kafka.producer({
-      idempotent: resolved.idempotent,
-      allowAutoTopicCreation: false,
-      createPartitioner: explicitPartition,
-      ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
-    }))
-    const send: SendBatch = (request) => kafkaProducer.sendBatch(request)
+    const create = () =>
+      kafka.producer({
+        idempotent: resolved.idempotent,
+        allowAutoTopicCreation: false,
+        createPartitioner: explicitPartition,
+        ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
+      })
+    let current = create()
+    yield* Effect.tryPromise({ try: () => current.connect(), catch: driverError("connect") })
+    yield* Effect.addFinalizer(() =>
+      Effect.promise(() => current.disconnect()).pipe(Effect.timeoutOption("5 seconds"), Effect.ignore)
+    )
+    // An idempotent kafkajs producer whose send failed gives the failed batch's sequence numbers to the next batch;
+    // had the failed batch been written after all (its answer lost), the broker would take the next batch for a
+    // retry of it, acknowledge it, and drop it. So after a failed send the producer starts over with a new producer
+    // id. Writes are one at a time when idempotent, so nothing else uses the producer meanwhile.
+    const send: SendBatch = (request) =>
+      current.sendBatch(request).catch(async (error: unknown) => {
+        if (resolved.idempotent) {
+          const failed = current
+          current = create()
+          await failed.disconnect().catch(() => undefined)
+          await current.connect().catch(() => undefined)
+        }
+        throw error
+      })
     return yield* producer.make(resolved, { write: makeWriter(admin, resolved, () => send) })
   })
 
