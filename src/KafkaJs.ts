@@ -359,12 +359,6 @@ const adminClient = (brokers: string | ReadonlyArray<string>, clientId: string) 
     return internal.makeClient(config)
   })
 
-/** Closing a helper's connection is bounded and cannot fail the helper: its work is done by then. */
-const disconnect = (close: () => Promise<void>): Effect.Effect<void> =>
-  Effect.tryPromise({ try: close, catch: internal.driverError("disconnect") }).pipe(
-    Effect.timeoutOption("5 seconds"),
-    Effect.ignore
-  )
 
 /**
  * Creates a topic and waits until its partitions have leaders. Succeeds when the topic already exists.
@@ -386,7 +380,7 @@ export const createTopic = (
     const admin = client.admin()
     yield* Effect.acquireRelease(
       Effect.tryPromise({ try: () => admin.connect(), catch: internal.driverError("createTopic") }),
-      () => disconnect(() => admin.disconnect())
+      () => internal.disconnect(() => admin.disconnect())
     )
     yield* Effect.tryPromise({
       try: () => admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: false }),
@@ -453,7 +447,7 @@ export const produce = (
     })
     yield* Effect.acquireRelease(
       Effect.tryPromise({ try: () => producer.connect(), catch: internal.driverError("produce") }),
-      () => disconnect(() => producer.disconnect())
+      () => internal.disconnect(() => producer.disconnect())
     )
     const batchSize = 1000
     for (let start = 0; start < messages.length; start += batchSize) {
@@ -479,7 +473,7 @@ export const endOffsets = (
     const admin = client.admin()
     yield* Effect.acquireRelease(
       Effect.tryPromise({ try: () => admin.connect(), catch: internal.driverError("endOffsets") }),
-      () => disconnect(() => admin.disconnect())
+      () => internal.disconnect(() => admin.disconnect())
     )
     const offsets = yield* Effect.tryPromise({
       try: () => admin.fetchTopicOffsets(topic),

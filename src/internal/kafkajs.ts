@@ -397,6 +397,18 @@ export const isRetriable = (error: unknown): boolean =>
 export const driverError = (operation: string) => (cause: unknown): DriverError =>
   new DriverError({ operation, reason: describe(cause), retriable: isRetriable(cause), cause })
 
+/**
+ * Closing a client's connection is bounded and cannot fail what closes it: its work is done by then. A rejection is a
+ * typed error, ignored, never a defect.
+ *
+ * @internal
+ */
+export const disconnect = (close: () => Promise<void>): Effect.Effect<void> =>
+  Effect.tryPromise({ try: close, catch: driverError("disconnect") }).pipe(
+    Effect.timeoutOption("5 seconds"),
+    Effect.ignore
+  )
+
 type CommitFailureReason = CommitFailed["reason"]
 
 const commitReasonOfType = (type: string | undefined): CommitFailureReason | undefined => {

@@ -11,6 +11,7 @@ import {
   causeChain,
   type ClientConfig,
   describe,
+  disconnect,
   driverError,
   isRetriable,
   makeClient,
@@ -88,7 +89,7 @@ type SendBatch = (request: {
 const connected = <A extends { connect: () => Promise<void>; disconnect: () => Promise<void> }>(client: A) =>
   Effect.acquireRelease(
     Effect.as(Effect.tryPromise({ try: () => client.connect(), catch: driverError("connect") }), client),
-    () => Effect.promise(() => client.disconnect()).pipe(Effect.timeoutOption("5 seconds"), Effect.ignore)
+    () => disconnect(() => client.disconnect())
   )
 
 /**
@@ -217,9 +218,7 @@ export const make = (
       })
     let current = create()
     yield* Effect.tryPromise({ try: () => current.connect(), catch: driverError("connect") })
-    yield* Effect.addFinalizer(() =>
-      Effect.promise(() => current.disconnect()).pipe(Effect.timeoutOption("5 seconds"), Effect.ignore)
-    )
+    yield* Effect.addFinalizer(() => disconnect(() => current.disconnect()))
     // An idempotent kafkajs producer whose send failed gives the failed batch's sequence numbers to the next batch;
     // had the failed batch been written after all (its answer lost), the broker would take the next batch for a
     // retry of it, acknowledge it, and drop it. So after a failed send the producer starts over with a new producer
