@@ -35,6 +35,7 @@ import {
 import * as OffsetBatch from "./OffsetBatch.js"
 import {
   Producer,
+  type ProducerRecord as TopicRecord,
   type Settings as ProducerSettings,
   TransactionalProducer,
   TransactionalProducers,
@@ -43,19 +44,14 @@ import {
 import * as TopicPartition from "./TopicPartition.js"
 
 /**
- * A record to produce. Without `partition`, records with a key go to the key's partition and the others round robin.
+ * A record to produce to a topic given apart: the `Producer`'s record without its topic. Without `partition`, records
+ * with a key go to the key's partition (murmur2, as the Java client) and the others round robin; without `timestamp`,
+ * the broker's clock when it is written.
  *
  * @since 0.1.0
  * @category models
  */
-export interface ProducerRecord {
-  readonly key?: Uint8Array | string | null
-  readonly value: Uint8Array | string | null
-  readonly partition?: number
-  readonly headers?: Readonly<Record<string, Uint8Array | string>>
-  /** Milliseconds since the epoch; default: the broker's clock when it is written. */
-  readonly timestamp?: number
-}
+export type ProducerRecord = Omit<TopicRecord, "topic">
 
 /**
  * How partitions are spread over the members of a group.

@@ -23,6 +23,7 @@ import * as session from "./internal/kafkajsSession.js"
 import * as producerInternal from "./internal/producer.js"
 import {
   Producer,
+  type ProducerRecord,
   type Settings as ProducerSettings,
   TransactionalProducer,
   TransactionalProducers,
@@ -129,18 +130,13 @@ export interface Config extends ConnectionConfig {
 }
 
 /**
- * A record to produce. Without `partition`, kafkajs's default (Java-compatible murmur2) partitioner picks one from
- * the key.
+ * A record to produce with the `produce` helper: the `Producer`'s record without its topic. Without `partition`,
+ * kafkajs's default (Java-compatible murmur2) partitioner picks one from the key.
  *
  * @since 0.1.0
  * @category models
  */
-export interface ProduceRecord {
-  readonly partition?: number | undefined
-  readonly key?: string | Uint8Array | null | undefined
-  readonly value: string | Uint8Array | null
-  readonly headers?: Readonly<Record<string, string | Uint8Array>> | undefined
-}
+export type ProduceRecord = Omit<ProducerRecord, "topic">
 
 /**
  * The `Driver` on kafkajs. The configuration is checked first: a malformed broker address or setting fails with a
@@ -420,6 +416,7 @@ const toMessage = (record: ProduceRecord): Message => {
     for (const [name, value] of Object.entries(record.headers)) headers[name] = internal.toBuffer(value)
     message.headers = headers
   }
+  if (record.timestamp !== undefined) message.timestamp = String(record.timestamp)
   return message
 }
 
