@@ -250,10 +250,7 @@ export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) =
     member: (groupId, topic) =>
       Consumer.run(
         { groupId, topics: [topic], maxPollRecords: workload.maxPollRecords ?? 50, retry: Schedule.recurs(0) },
-        (records) =>
-          workload.handlerMillis === undefined
-            ? tallyAll(tally, records)
-            : Effect.zipRight(Effect.sleep(workload.handlerMillis), tallyAll(tally, records))
+        (records) => paced(workload, tallyAll(tally, records))
       ).pipe(
         Effect.provide(Layer.merge(policy, InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))))
       ),
@@ -303,6 +300,19 @@ const afterUnit = <R>(
     Effect.zipRight(Effect.sync(() => (progress.delivered += Chunk.size(records)))),
     Effect.zipRight(atCheckpoint(progress))
   )
+
+/** The consumer settings of the exactly-once plans: no handler retries, a short session when zombies are wanted. */
+const exactlyOnceConfig = (workload: Workload, groupId: string, topic: string): Consumer.Config => ({
+  groupId,
+  topics: [topic],
+  maxPollRecords: workload.maxPollRecords ?? 50,
+  retry: Schedule.recurs(0),
+  ...sessionOf(workload)
+})
+
+/** The handler's time per chunk, as I/O would take it, before its write. */
+const paced = <A, E, R>(workload: Workload, write: Effect.Effect<A, E, R>) =>
+  workload.handlerMillis === undefined ? write : Effect.zipRight(Effect.sleep(workload.handlerMillis), write)
 
 const storedPositions = (groupId: string, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
   Effect.flatMap(OffsetStore.OffsetStore, (store) => store.load(groupId, partitions))
@@ -371,13 +381,7 @@ export const kafkaTransactionalPlan: MakePlan<Driver> = (workload, shouldCrash, 
         const out = outputTopic(topic)
         yield* kafka.createTopic(out, workload.partitions)
         return yield* Consumer.run(
-          {
-            groupId,
-            topics: [topic],
-            maxPollRecords: workload.maxPollRecords ?? 50,
-            retry: Schedule.recurs(0),
-            ...sessionOf(workload)
-          },
+          exactlyOnceConfig(workload, groupId, topic),
           (records, partition) =>
             Producer.sendAll(Chunk.map(records, (r) => ({
               topic: out,
@@ -385,7 +389,7 @@ export const kafkaTransactionalPlan: MakePlan<Driver> = (workload, shouldCrash, 
               key: recordKey(r),
               value: recordKey(r)
             }))).pipe(
-              (sent) => workload.handlerMillis === undefined ? sent : Effect.zipLeft(sent, Effect.sleep(workload.handlerMillis)),
+              (sent) => paced(workload, sent),
               // A zombie's transaction holds its records and goes on to commit after its partition has moved on.
               Effect.zipRight(afterUnit(groupId, partition, records, zombies, progress, committedPositions))
             )
@@ -412,17 +416,9 @@ export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.
   return {
     member: (groupId, topic) =>
       Consumer.run(
-        {
-          groupId,
-          topics: [topic],
-          maxPollRecords: workload.maxPollRecords ?? 50,
-          retry: Schedule.recurs(0),
-          ...sessionOf(workload)
-        },
+        exactlyOnceConfig(workload, groupId, topic),
         (records, partition) =>
-          (workload.handlerMillis === undefined
-            ? sink.write(records)
-            : Effect.zipRight(Effect.sleep(workload.handlerMillis), sink.write(records))).pipe(
+          paced(workload, sink.write(records)).pipe(
             // A zombie's unit has written its results and goes on to commit after its partition has moved on.
             Effect.zipRight(afterUnit(groupId, partition, records, zombies, progress, storedPositions))
           )
