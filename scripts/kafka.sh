@@ -325,10 +325,15 @@ start() {
   echo "KAFKA_BROKERS=$(brokers_list)"
 }
 
+# Points the per-node variables at the node a cluster command names, or dies saying why it cannot.
+cluster_node() {
+  [[ "$NODES" == "3" ]] || die "$1 needs KAFKA_NODES=3"
+  [[ "${2:-}" =~ ^[1-3]$ ]] || die "$1 takes a node number from 1 to 3, got '${2:-}'"
+  node "$2"
+}
+
 kill_node() {
-  [[ "$NODES" == "3" ]] || die "kill-node needs KAFKA_NODES=3"
-  [[ "${1:-}" =~ ^[1-3]$ ]] || die "kill-node takes a node number from 1 to 3, got '${1:-}'"
-  node "$1"
+  cluster_node kill-node "${1:-}"
   local pid
   pid="$(running_pid)"
   [[ -n "$pid" ]] || die "node $1 is not running"
@@ -342,9 +347,7 @@ kill_node() {
 }
 
 start_node() {
-  [[ "$NODES" == "3" ]] || die "start-node needs KAFKA_NODES=3"
-  [[ "${1:-}" =~ ^[1-3]$ ]] || die "start-node takes a node number from 1 to 3, got '${1:-}'"
-  node "$1"
+  cluster_node start-node "${1:-}"
   [[ -f "$RUN_DIR/server.properties" ]] || die "node $1 was never started; run start first"
   [[ -z "$(running_pid)" ]] || die "node $1 is running already"
   launch_node
