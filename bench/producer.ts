@@ -55,14 +55,24 @@ const SLICE = 1_000
 
 type Durability = "acks1" | "idempotent"
 
+interface ThroughputRun {
+  readonly brokers: string
+  readonly topic: string
+  readonly records: number
+  readonly valueBytes: number
+  readonly partitions: number
+  readonly durability: Durability
+}
+
+/** `records` per second since `started`, with the elapsed time. */
+const rate = (records: number, started: number): Sample => {
+  const millis = performance.now() - started
+  return { value: records / (millis / 1000), details: { "total ms": millis } }
+}
+
 /** Raw kafkajs: `sendBatch` of SLICE records at a time, one in flight, explicit partitions. */
 const rawThroughput = async (
-  brokers: string,
-  topic: string,
-  records: number,
-  valueBytes: number,
-  partitions: number,
-  durability: Durability
+  { brokers, durability, partitions, records, topic, valueBytes }: ThroughputRun
 ): Promise<Sample> => {
   const producer = kafkaOf(brokers).producer({
     idempotent: durability === "idempotent",
@@ -82,8 +92,7 @@ const rawThroughput = async (
         compression: CompressionTypes.None
       })
     }
-    const millis = performance.now() - started
-    return { value: records / (millis / 1000), details: { "total ms": millis } }
+    return rate(records, started)
   } finally {
     await producer.disconnect()
   }
@@ -91,12 +100,7 @@ const rawThroughput = async (
 
 /** The library: `sendAll` of SLICE records at a time, linger 0 (a slice is a batch as it is). */
 const libraryThroughput = (
-  brokers: string,
-  topic: string,
-  records: number,
-  valueBytes: number,
-  partitions: number,
-  durability: Durability
+  { brokers, durability, partitions, records, topic, valueBytes }: ThroughputRun
 ): Promise<Sample> =>
   Effect.runPromise(Effect.gen(function*() {
     const value = new Uint8Array(valueBytes).fill(0x61)
@@ -106,8 +110,7 @@ const libraryThroughput = (
       for (let i = at; i < Math.min(records, at + SLICE); i++) slice.push({ topic, partition: i % partitions, value })
       yield* Producer.sendAll(slice)
     }
-    const millis = performance.now() - started
-    return { value: records / (millis / 1000), details: { "total ms": millis } }
+    return rate(records, started)
   }).pipe(
     Effect.provide(KafkaJs.layerProducer({
       brokers: brokers.split(","),
@@ -134,10 +137,10 @@ export const producerThroughput = (
     try {
       const n = sizes.throughputRecords
       plan.log(`6. producer throughput, ${n.toLocaleString("en-US")} x ${valueBytes} B`)
-      const run = (side: "raw" | "lib", durability: Durability) => () =>
-        side === "raw"
-          ? rawThroughput(brokers, topic, n, valueBytes, sizes.partitions, durability)
-          : libraryThroughput(brokers, topic, n, valueBytes, sizes.partitions, durability)
+      const run = (side: "raw" | "lib", durability: Durability) => () => {
+        const spec = { brokers, topic, records: n, valueBytes, partitions: sizes.partitions, durability }
+        return side === "raw" ? rawThroughput(spec) : libraryThroughput(spec)
+      }
       const variants = await compare(plan, [
         { id: "raw1", label: "raw kafkajs sendBatch, acks 1", run: run("raw", "acks1") },
         { id: "lib1", label: "library sendAll, acks 1", run: run("lib", "acks1") },
@@ -181,8 +184,7 @@ export const manyFibers = (plan: Plan, brokers: string, sizes: ProducerSizes): P
           const started = performance.now()
           await Promise.all(Array.from({ length: n }, (_, i) =>
             producer.send({ topic, acks: -1, messages: [{ partition: i % sizes.partitions, value }] })))
-          const millis = performance.now() - started
-          return { value: n / (millis / 1000), details: { "total ms": millis } }
+          return rate(n, started)
         } finally {
           await producer.disconnect()
         }
@@ -196,8 +198,7 @@ export const manyFibers = (plan: Plan, brokers: string, sizes: ProducerSizes): P
             (i) => Producer.send({ topic, partition: i % sizes.partitions, value }),
             { concurrency: "unbounded", discard: true }
           )
-          const millis = performance.now() - started
-          return { value: n / (millis / 1000), details: { "total ms": millis } }
+          return rate(n, started)
         }).pipe(
           Effect.provide(KafkaJs.layerProducer({ brokers: brokers.split(","), logLevel: "nothing" })),
           Effect.scoped
@@ -294,8 +295,7 @@ const rawPipeline = async (brokers: string, input: string, output: string, recor
     })
     const started = performance.now()
     await done
-    const millis = performance.now() - started
-    return { value: records / (millis / 1000), details: { "total ms": millis } }
+    return rate(records, started)
   } finally {
     await consumer.disconnect()
     await producer.disconnect()
@@ -329,8 +329,7 @@ const libraryPipeline = (brokers: string, input: string, output: string, records
           partitionsConsumedConcurrently: settings.partitionsConsumedConcurrently
         }))
       )
-    const millis = performance.now() - started
-    return { value: records / (millis / 1000), details: { "total ms": millis } }
+    return rate(records, started)
   }))
 
 /**
