@@ -11,6 +11,7 @@ import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { murmur2, partitionOfKey } from "../src/internal/murmur2.js"
 import * as internal from "../src/internal/producer.js"
 import { ProduceFailed } from "../src/KafkaError.js"
+import { Producer as ProducerTag } from "../src/Producer.js"
 import type * as Producer from "../src/Producer.js"
 import { producerSuite, ProducerTestKit } from "./producerSuite.js"
 import { settled } from "./support/kit.js"
@@ -206,5 +207,52 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
       yield* Fiber.join(closing)
       const error = yield* Effect.flip(Fiber.join(pending))
       assert.strictEqual(error.reason, "Closed")
+    }))
+})
+
+describe("transactions: a client whose send failed starts over", () => {
+  /** A client that counts its inits; its writes fail while `failing` is set. */
+  const countingClient = () => {
+    const state = { inits: 0, failing: false, begun: 0 }
+    const client: internal.TxnClient = {
+      transactionalId: "t-1",
+      init: Effect.sync(() => {
+        state.inits++
+      }),
+      begin: Effect.sync(() => {
+        state.begun++
+        return {
+          write: (batch) =>
+            Effect.succeed(batch.map((r, i) =>
+              state.failing
+                ? Either.left(new ProduceFailed({ reason: "Disconnected", topic: r.topic }))
+                : Either.right({ topic: r.topic, partition: 0, offset: BigInt(i) })
+            )),
+          sendOffsets: () => Effect.void,
+          commit: Effect.void,
+          abort: Effect.void
+        }
+      })
+    }
+    return { client, state }
+  }
+  const sendOne = Effect.flatMap(ProducerTag, (p) => p.send({ topic: "t", value: "v" }))
+
+  it.scoped("after a failed send, the next transaction inits the client again before it begins; after a clean one, not", () =>
+    Effect.gen(function*() {
+      const { client, state } = countingClient()
+      const resolved = yield* internal.resolve({ linger: 0 })
+      const producer = yield* internal.makeTransactional(resolved, client)
+      assert.strictEqual(state.inits, 1)
+      yield* producer.transaction(sendOne)
+      assert.strictEqual(state.inits, 1, "a clean transaction leaves the client as it is")
+      state.failing = true
+      const failed = yield* Effect.flip(producer.transaction(sendOne))
+      assert.instanceOf(failed, ProduceFailed)
+      state.failing = false
+      yield* producer.transaction(sendOne)
+      assert.strictEqual(state.inits, 2, "the transaction after the failed send started over")
+      yield* producer.transaction(sendOne)
+      assert.strictEqual(state.inits, 2)
     }))
 })

@@ -3,7 +3,14 @@ import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import type * as Scope from "effect/Scope"
-import type { Admin, Message, RecordMetadata as KafkaRecordMetadata, TopicMessages, Transaction } from "kafkajs"
+import type {
+  Admin,
+  Message,
+  Producer as KafkaProducer,
+  RecordMetadata as KafkaRecordMetadata,
+  TopicMessages,
+  Transaction
+} from "kafkajs"
 import { CompressionTypes } from "kafkajs"
 import { type DriverError, ProduceFailed, type ProduceFailureReason, type TransactionFailed } from "../KafkaError.js"
 import type { Producer, TransactionalProducers } from "../Producer.js"
@@ -268,29 +275,49 @@ export const makeTransactionClients = (
     const admin = yield* connected(kafka.admin())
     const make = (transactionalId: string) =>
       Effect.gen(function*() {
-        const kafkaProducer = yield* connected(kafka.producer({
-          transactionalId,
-          transactionTimeout,
-          idempotent: true,
-          maxInFlightRequests: 1,
-          allowAutoTopicCreation: false,
-          createPartitioner: explicitPartition,
-          ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
-        }))
+        const create = () =>
+          kafka.producer({
+            transactionalId,
+            transactionTimeout,
+            idempotent: true,
+            maxInFlightRequests: 1,
+            allowAutoTopicCreation: false,
+            createPartitioner: explicitPartition,
+            ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
+          })
+        // `init` starts a kafkajs producer of its own each time: kafkajs sends InitProducerId once per producer, and
+        // a producer whose send failed would give the failed batch's sequence numbers to the next one.
+        let kafkaProducer: KafkaProducer | undefined
+        yield* Effect.addFinalizer(() =>
+          kafkaProducer === undefined ? Effect.void : disconnect(() => kafkaProducer!.disconnect())
+        )
         let current: Transaction | undefined
         const send: SendBatch = (request) =>
           current === undefined ? Promise.reject(new Error("no open transaction")) : current.sendBatch(request)
         const write = makeWriter(admin, resolved, () => send)
         const begin = (operation: "init" | "begin") =>
           Effect.tryPromise({
-            try: () => kafkaProducer.transaction(),
+            try: () => kafkaProducer!.transaction(),
             catch: transactionFailed(transactionalId, operation)
           })
+        const start = Effect.suspend(() => {
+          const previous = kafkaProducer
+          const next = create()
+          kafkaProducer = next
+          current = undefined
+          return (previous === undefined ? Effect.void : disconnect(() => previous.disconnect())).pipe(
+            Effect.zipRight(
+              Effect.tryPromise({ try: () => next.connect(), catch: transactionFailed(transactionalId, "init") })
+            )
+          )
+        })
         const txnClient: producer.TxnClient = {
           transactionalId,
-          init: Effect.flatMap(
-            begin("init"),
-            (txn) => Effect.tryPromise({ try: () => txn.abort(), catch: transactionFailed(transactionalId, "init") })
+          init: start.pipe(
+            Effect.zipRight(begin("init")),
+            Effect.flatMap((txn) =>
+              Effect.tryPromise({ try: () => txn.abort(), catch: transactionFailed(transactionalId, "init") })
+            )
           ),
           begin: Effect.map(begin("begin"), (txn): producer.TxnSession => {
             current = txn

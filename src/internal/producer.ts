@@ -578,7 +578,9 @@ export const inTransaction = <A, E, R>(
   settings: Resolved,
   client: TxnClient,
   body: Effect.Effect<A, E, R>,
-  offsets: TransactionOffsets | undefined
+  offsets: TransactionOffsets | undefined,
+  /** Told when a send of the transaction failed or its end did: the client must start over before the next one. */
+  unclean: () => void = () => {}
 ): Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer>> =>
   Effect.uninterruptibleMask((restore) =>
     Effect.gen(function*() {
@@ -598,6 +600,7 @@ export const inTransaction = <A, E, R>(
       const producer = yield* make(settings, { write }).pipe(Scope.extend(scope))
       const exit = yield* Effect.exit(restore(Effect.provideService(body, Producer, producer)))
       yield* Scope.close(scope, Exit.void)
+      if (failed !== undefined) unclean()
       if (Exit.isFailure(exit)) {
         yield* Effect.ignore(session.abort)
         return yield* Effect.failCause(exit.cause)
@@ -617,6 +620,7 @@ export const inTransaction = <A, E, R>(
           : Effect.zipRight(session.sendOffsets(offsets.groupId, offsets.positions), session.commit)
       )
       if (Exit.isFailure(committed)) {
+        unclean()
         yield* Effect.ignore(session.abort)
         return yield* Effect.failCause(committed.cause)
       }
@@ -658,6 +662,9 @@ export const makeTransactional = (
     // Once fenced, a producer stays fenced: its client may not even be able to begin (kafkajs stays in the state of
     // the refused commit), and nothing it could write would land.
     let fenced: string | undefined
+    // A transaction whose send or end failed leaves the client's sequence numbers behind the broker's: the next
+    // transaction starts with a fresh producer session (the same id, a new epoch).
+    let restart = false
     const noteFenced = (error: unknown) => {
       if (
         (error instanceof TransactionFailed || error instanceof ProduceFailed) && error.reason === "Fenced" &&
@@ -670,7 +677,10 @@ export const makeTransactional = (
         one.withPermits(1)(Effect.suspend(() =>
           fenced !== undefined
             ? Effect.fail(transactionFailed(client.transactionalId, "begin", "Fenced", `fenced earlier: ${fenced}`))
-            : inTransaction(settings, client, body, options?.offsets).pipe(Effect.tapError((error) => Effect.sync(() => noteFenced(error))))
+            : Effect.zipRight(
+              restart ? Effect.tap(client.init, () => Effect.sync(() => (restart = false))) : Effect.void,
+              inTransaction(settings, client, body, options?.offsets, () => (restart = true))
+            ).pipe(Effect.tapError((error) => Effect.sync(() => noteFenced(error))))
         ))
     }
   })
