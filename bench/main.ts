@@ -45,7 +45,7 @@ const full: Sizes = {
     throughputRecords: 200_000,
     valueBytes: [256, 16],
     fiberRecords: 20_000,
-    pipelineRecords: 20_000,
+    pipelineRecords: 200_000,
     partitions: 6
   }
 }

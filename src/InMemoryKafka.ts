@@ -857,38 +857,34 @@ const makeWrite = (
   ) => Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, ProduceFailed>
 ) => {
   const partitioner = producer.makePartitioner()
-  return (batch: ReadonlyArray<producer.Prepared>) =>
+  return (batch: ReadonlyArray<TopicRecord>) =>
     Effect.gen(function*() {
-      const counts = new Map<string, Either.Either<number, ProduceFailed>>()
+      const counts = new Map<string, number | ProduceFailed>()
       for (const record of batch) {
         if (counts.has(record.topic)) continue
         const ends = yield* Effect.either(kafka.endOffsets(record.topic))
-        counts.set(
-          record.topic,
-          Either.isRight(ends) ? Either.right(ends.right.length) : Either.left(producer.unknownTopic(record.topic))
-        )
+        counts.set(record.topic, Either.isRight(ends) ? ends.right.length : producer.unknownTopic(record.topic))
       }
-      const { out, placed } = producer.place(batch, counts, partitioner)
-      for (const [topic, list] of producer.groupBy(placed, (p) => p.record.topic)) {
-        const records: Array<ProducerRecord> = list.map(({ partition, record }) => ({
-          key: record.key,
-          value: record.value,
-          partition,
-          ...(record.headers === undefined ? {} : { headers: record.headers }),
-          ...(record.timestamp === undefined ? {} : { timestamp: record.timestamp })
-        }))
+      const { out, partitionOf, topics } = partitioner(batch, counts)
+      for (const { indexes, topic } of topics) {
+        const records: Array<ProducerRecord> = indexes.map((i) => {
+          const record = batch[i]!
+          return {
+            key: record.key ?? null,
+            value: record.value,
+            partition: partitionOf[i]!,
+            ...(record.headers === undefined ? {} : { headers: record.headers }),
+            ...(record.timestamp === undefined ? {} : { timestamp: record.timestamp })
+          }
+        })
         const written = yield* Effect.either(produce(topic, records))
-        list.forEach(({ index }, i) => {
+        indexes.forEach((index, k) => {
           out[index] = Either.isRight(written)
-            ? Either.right({
-              topic,
-              partition: written.right[i]![0],
-              offset: resolved.acks === 0 ? -1n : written.right[i]![1]
-            })
-            : Either.left(written.left)
+            ? { topic, partition: written.right[k]![0], offset: resolved.acks === 0 ? -1n : written.right[k]![1] }
+            : written.left
         })
       }
-      return out.map((written) => written!)
+      return out
     })
 }
 

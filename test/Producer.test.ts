@@ -1,14 +1,15 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as Scope from "effect/Scope"
 import * as TestClock from "effect/TestClock"
+import * as fc from "effect/FastCheck"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { murmur2, partitionOfKey } from "../src/internal/murmur2.js"
+import { utf8Encode, utf8Length } from "../src/internal/utf8.js"
 import * as internal from "../src/internal/producer.js"
 import { ProduceFailed } from "../src/KafkaError.js"
 import { Producer as ProducerTag } from "../src/Producer.js"
@@ -29,6 +30,23 @@ producerSuite(
       InMemoryKafka.layer()
     )
 )
+
+describe("UTF-8 of keys and sizes", () => {
+  it("gives TextEncoder's bytes and length for any string, lone surrogates included", () => {
+    const encoder = new TextEncoder()
+    fc.assert(
+      fc.property(fc.oneof(fc.string({ unit: "binary" }), fc.string({ unit: "grapheme" }), fc.string()), (text) => {
+        const expected = encoder.encode(text)
+        assert.strictEqual(utf8Length(text), expected.length)
+        assert.deepStrictEqual(utf8Encode(text), expected)
+      }),
+      { numRuns: 2_000 }
+    )
+    for (const text of ["\ud800", "a\udc00b", "\ud83d\ude00", "\ud83d", "é€😀"]) {
+      assert.deepStrictEqual(utf8Encode(text), encoder.encode(text), JSON.stringify(text))
+    }
+  })
+})
 
 describe("murmur2, as the Java client computes it", () => {
   // Hashes published in Kafka's own tests (UtilsTest.testMurmur2) and in other clients' tests of the same function.
@@ -57,7 +75,7 @@ describe("murmur2, as the Java client computes it", () => {
 
 /** A transport that records each batch and answers when the test says. */
 const fakeTransport = () => {
-  const batches: Array<ReadonlyArray<internal.Prepared>> = []
+  const batches: Array<ReadonlyArray<Producer.ProducerRecord>> = []
   const gates: Array<Deferred.Deferred<void>> = []
   let offset = 0n
   let holding = false
@@ -69,7 +87,7 @@ const fakeTransport = () => {
         gates.push(gate)
         if (!holding) yield* Deferred.succeed(gate, undefined)
         yield* Deferred.await(gate)
-        return batch.map((r) => Either.right({ topic: r.topic, partition: 0, offset: offset++ }))
+        return batch.map((r): internal.Written => ({ topic: r.topic, partition: 0, offset: offset++ }))
       })
   }
   return {
@@ -113,7 +131,7 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
       )
       yield* settled("two full batches sent", Effect.sync(() => fake.batches.length === 2))
       assert.deepStrictEqual(fake.batches.map((b) => b.length), [8, 8])
-      assert.isTrue(fake.batches.every((b) => b.reduce((n, r) => n + r.size, 0) <= 1000))
+      assert.isTrue(fake.batches.every((b) => b.reduce((n, r) => n + internal.sizeOf(r), 0) <= 1000))
       yield* TestClock.adjust("1 hour")
       yield* Fiber.join(all)
       assert.deepStrictEqual(fake.batches.map((b) => b.length), [8, 8, 4])
@@ -135,7 +153,7 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
       assert.strictEqual(fake.batches.length, 2, "a third batch waits for a free slot")
       yield* fake.openAll
       yield* settled("third batch", Effect.sync(() => fake.batches.length >= 3))
-      const order = fake.batches.flatMap((b) => b.map((r) => new TextDecoder().decode(r.key!)))
+      const order = fake.batches.flatMap((b) => b.map((r) => String(r.key)))
       assert.deepStrictEqual(order.slice(0, 3), ["0", "1", "2"])
       const drain = Effect.gen(function*() {
         while (fake.batches.length < 10) {
@@ -147,9 +165,31 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
       yield* drain
       yield* Fiber.join(all)
       assert.deepStrictEqual(
-        fake.batches.flatMap((b) => b.map((r) => new TextDecoder().decode(r.key!))),
+        fake.batches.flatMap((b) => b.map((r) => String(r.key))),
         Array.from({ length: 10 }, (_, i) => `${i}`)
       )
+    }))
+
+  it.scoped("a sendAll cut across batches, with a record refused in its middle: the others are written in order", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      const producer = yield* producerOn({ linger: "1 hour", batchSize: 520, maxRequestSize: 300 }, fake.transport)
+      // 150 bytes of value each (172 with key and overhead): three fit in a batch of 520 bytes; the fourth is larger
+      // than maxRequestSize.
+      const records = Array.from({ length: 8 }, (_, i) => ({
+        topic: "t",
+        key: `${i}`,
+        value: new Uint8Array(i === 3 ? 400 : 150)
+      }))
+      const all = yield* Effect.fork(Effect.either(producer.sendAll(records)))
+      yield* settled("two full batches sent", Effect.sync(() => fake.batches.length === 2))
+      yield* TestClock.adjust("1 hour")
+      const answer = yield* Fiber.join(all)
+      assert.isTrue(answer._tag === "Left" && answer.left.reason === "RecordTooLarge", "the call fails with the refusal")
+      assert.deepStrictEqual(fake.batches.map((b) => b.map((r) => r.key)), [["0", "1", "2"], ["4", "5", "6"], ["7"]])
+      const after = yield* Effect.fork(producer.send({ topic: "t", value: "next" }))
+      yield* TestClock.adjust("1 hour")
+      assert.strictEqual((yield* Fiber.join(after)).offset, 7n, "the seven records were written, each once, before it")
     }))
 
   it.scoped("a batch the transport refuses fails each of its records; the next batch goes on", () =>
@@ -159,10 +199,10 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
         write: (batch) =>
           Effect.sync(() => {
             calls++
-            return batch.map((r, i) =>
+            return batch.map((r, i): internal.Written =>
               calls === 1
-                ? Either.left(new ProduceFailed({ reason: "NotEnoughReplicas", topic: r.topic, partition: 0 }))
-                : Either.right({ topic: r.topic, partition: 0, offset: BigInt(i) })
+                ? new ProduceFailed({ reason: "NotEnoughReplicas", topic: r.topic, partition: 0 })
+                : { topic: r.topic, partition: 0, offset: BigInt(i) }
             )
           })
       }
@@ -223,10 +263,10 @@ describe("transactions: a client whose send failed starts over", () => {
         state.begun++
         return {
           write: (batch) =>
-            Effect.succeed(batch.map((r, i) =>
+            Effect.succeed(batch.map((r, i): internal.Written =>
               state.failing
-                ? Either.left(new ProduceFailed({ reason: "Disconnected", topic: r.topic }))
-                : Either.right({ topic: r.topic, partition: 0, offset: BigInt(i) })
+                ? new ProduceFailed({ reason: "Disconnected", topic: r.topic })
+                : { topic: r.topic, partition: 0, offset: BigInt(i) }
             )),
           sendOffsets: () => Effect.void,
           commit: Effect.void,

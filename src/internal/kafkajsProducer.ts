@@ -13,7 +13,7 @@ import type {
 } from "kafkajs"
 import { CompressionTypes } from "kafkajs"
 import { type DriverError, ProduceFailed, type ProduceFailureReason, type TransactionFailed } from "../KafkaError.js"
-import type { Producer, TransactionalProducers } from "../Producer.js"
+import type { Producer, ProducerRecord, TransactionalProducers } from "../Producer.js"
 import {
   causeChain,
   type ClientConfig,
@@ -79,8 +79,39 @@ export const produceFailed = (cause: unknown, topic: string, partition: number |
   })
 }
 
-const toBuffer = (bytes: Uint8Array): Buffer =>
-  Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+/** Bytes as kafkajs writes them: a string as it is (kafkajs encodes it into the request), bytes as a `Buffer`. */
+const toKafka = (bytes: Uint8Array | string): Buffer | string =>
+  typeof bytes === "string" || Buffer.isBuffer(bytes)
+    ? bytes
+    : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+
+const isKafkaBytes = (bytes: Uint8Array | string | null | undefined): boolean =>
+  bytes === undefined || bytes === null || typeof bytes === "string" || Buffer.isBuffer(bytes)
+
+/** A record kafkajs can take as its message as it is: strings or `Buffer`s, no timestamp (kafkajs ignores `topic`). */
+const isMessage = (record: ProducerRecord): record is ProducerRecord & Message =>
+  record.timestamp === undefined && isKafkaBytes(record.value) && isKafkaBytes(record.key) &&
+  (record.headers === undefined || Object.values(record.headers).every(isKafkaBytes))
+
+/** The message kafkajs sends for a record: the record itself when it names its partition and kafkajs can take it. */
+const toMessage = (record: ProducerRecord, partition: number): Message => {
+  if (record.partition === partition && isMessage(record)) return record
+  const message: Message = {
+    partition,
+    key: record.key === undefined || record.key === null ? null : toKafka(record.key),
+    value: record.value === null ? null : toKafka(record.value)
+  }
+  if (record.headers !== undefined) {
+    const headers: Record<string, Buffer | string> = {}
+    for (const name in record.headers) {
+      const value = record.headers[name]
+      if (value !== undefined) headers[name] = toKafka(value)
+    }
+    message.headers = headers
+  }
+  if (record.timestamp !== undefined) message.timestamp = String(record.timestamp)
+  return message
+}
 
 /** kafkajs's partitioner is never asked: every message names its partition. */
 const explicitPartition = () => ({ message }: { readonly message: Message }) => message.partition ?? 0
@@ -111,54 +142,42 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, send: () => SendB
     Effect.tryPromise(() => admin.fetchTopicMetadata({ topics: [topic] })).pipe(
       Effect.map(({ topics }) => {
         const found = topics.find((t) => t.name === topic)
-        if (found === undefined || found.partitions.length === 0) return Either.left(producer.unknownTopic(topic))
+        if (found === undefined || found.partitions.length === 0) return producer.unknownTopic(topic)
         counts.set(topic, { count: found.partitions.length, at: now })
-        return Either.right(found.partitions.length)
+        return found.partitions.length
       }),
       Effect.catchAll(({ error }) =>
         Effect.succeed(
           protocolType(error) === "UNKNOWN_TOPIC_OR_PARTITION"
-            ? Either.left(producer.unknownTopic(topic))
-            : Either.left(produceFailed(error, topic, undefined))
+            ? producer.unknownTopic(topic)
+            : produceFailed(error, topic, undefined)
         )
       )
     )
   const partitioner = producer.makePartitioner()
   const compression = resolved.compression === "gzip" ? CompressionTypes.GZIP : CompressionTypes.None
 
-  const write = (batch: ReadonlyArray<producer.Prepared>) =>
+  const write = (batch: ReadonlyArray<ProducerRecord>) =>
     Effect.gen(function*() {
       const now = yield* Clock.currentTimeMillis
-      const known = new Map<string, Either.Either<number, ProduceFailed>>()
+      const known = new Map<string, number | ProduceFailed>()
+      let last: string | undefined
       for (const record of batch) {
-        if (known.has(record.topic)) continue
+        if (record.topic === last || known.has(record.topic)) continue
+        last = record.topic
         const cached = counts.get(record.topic)
         const stale = cached === undefined || now - cached.at > METADATA_MAX_AGE ||
           batch.some((r) => r.topic === record.topic && r.partition !== undefined && r.partition >= cached.count)
-        known.set(record.topic, stale ? yield* readCount(record.topic, now) : Either.right(cached.count))
+        known.set(record.topic, stale ? yield* readCount(record.topic, now) : cached.count)
       }
-      const { out, placed } = producer.place(batch, known, partitioner)
-      const toMessage = ({ partition, record }: producer.Placed): Message => {
-        const message: Message = {
-          partition,
-          key: record.key === null ? null : toBuffer(record.key),
-          value: record.value === null ? null : toBuffer(record.value)
-        }
-        if (record.headers !== undefined) {
-          const headers: Record<string, Buffer> = {}
-          for (const name in record.headers) headers[name] = toBuffer(record.headers[name]!)
-          message.headers = headers
-        }
-        if (record.timestamp !== undefined) message.timestamp = String(record.timestamp)
-        return message
-      }
-      // Messages per topic in the order sent; per partition, its records in that order.
-      const messages = producer.groupBy(placed, (p) => p.record.topic)
-      const slots = producer.groupBy(placed, (p) => `${p.record.topic}\u0000${p.partition}`)
-      if (messages.size === 0) return out.map((w) => w!)
+      const { out, partitionOf, topics } = partitioner(batch, known)
+      if (topics.length === 0) return out
 
-      const topicMessages: Array<TopicMessages> = []
-      for (const [topic, list] of messages) topicMessages.push({ topic, messages: list.map(toMessage) })
+      // Per topic its messages in the order sent (so, per partition, its records in that order).
+      const topicMessages: Array<TopicMessages> = topics.map(({ indexes, topic }) => ({
+        topic,
+        messages: indexes.map((i) => toMessage(batch[i]!, partitionOf[i]!))
+      }))
       const answer = yield* Effect.either(
         Effect.tryPromise(() =>
           send()({
@@ -169,36 +188,52 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, send: () => SendB
           })
         )
       )
-      const bases = new Map<string, KafkaRecordMetadata>()
-      if (Either.isRight(answer)) {
-        for (const m of answer.right) bases.set(`${m.topicName}\u0000${m.partition}`, m)
+      if (Either.isLeft(answer)) {
+        for (const { indexes, topic } of topics) {
+          for (const i of indexes) out[i] = produceFailed(answer.left.error, topic, partitionOf[i]!)
+        }
+        return out
       }
-      for (const [slot, list] of slots) {
-        const { partition, record: { topic } } = list[0]!
-        list.forEach(({ index }, i) => {
-          if (Either.isLeft(answer)) {
-            out[index] = Either.left(produceFailed(answer.left.error, topic, partition))
-            return
-          }
-          const base = bases.get(slot)
+      const answered = new Map<string, Map<number, KafkaRecordMetadata>>()
+      for (const m of answer.right) {
+        let partitions = answered.get(m.topicName)
+        if (partitions === undefined) answered.set(m.topicName, partitions = new Map())
+        partitions.set(m.partition, m)
+      }
+      for (const { indexes, topic } of topics) {
+        const partitions = answered.get(topic)
+        // Per partition the offset of its next record in this batch, or why its records were not written.
+        const next = new Map<number, bigint | ProduceFailed>()
+        for (const i of indexes) {
+          const partition = partitionOf[i]!
           if (resolved.acks === 0) {
-            out[index] = Either.right({ topic, partition, offset: -1n })
-          } else if (base === undefined || base.baseOffset === undefined || Number(base.errorCode) !== 0) {
-            out[index] = Either.left(
-              new ProduceFailed({
+            out[i] = { topic, partition, offset: -1n }
+            continue
+          }
+          let offset = next.get(partition)
+          if (offset === undefined) {
+            const m = partitions?.get(partition)
+            offset = m !== undefined && m.baseOffset !== undefined && Number(m.errorCode) === 0
+              ? BigInt(m.baseOffset)
+              : new ProduceFailed({
                 reason: "Other",
                 topic,
                 partition,
-                detail: base === undefined ? "the broker did not answer for the partition" :
-                  `the broker answered error code ${base.errorCode}`
+                detail: m === undefined
+                  ? "the broker did not answer for the partition"
+                  : `the broker answered error code ${m.errorCode}`
               })
-            )
-          } else {
-            out[index] = Either.right({ topic, partition, offset: BigInt(base.baseOffset) + BigInt(i) })
           }
-        })
+          if (typeof offset === "bigint") {
+            out[i] = { topic, partition, offset }
+            next.set(partition, offset + 1n)
+          } else {
+            out[i] = offset
+            next.set(partition, offset)
+          }
+        }
       }
-      return out.map((w) => w!)
+      return out
     })
   return write
 }

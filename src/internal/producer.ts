@@ -4,7 +4,6 @@ import type * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as FiberId from "effect/FiberId"
@@ -22,6 +21,7 @@ import {
 } from "../Producer.js"
 import { positiveDuration } from "./config.js"
 import { partitionOfKey } from "./murmur2.js"
+import { utf8Encode, utf8Length } from "./utf8.js"
 
 /**
  * Settings checked and defaulted. `acks` is the protocol's number (`-1` for all).
@@ -101,23 +101,11 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, ConfigError
     }
   })
 
-/**
- * A record with its key, value and headers as bytes, and its size as the batcher counts it.
- *
- * @internal
- */
-export interface Prepared {
-  readonly topic: string
-  readonly partition: number | undefined
-  readonly key: Uint8Array | null
-  readonly value: Uint8Array | null
-  readonly headers: Readonly<Record<string, Uint8Array>> | undefined
-  readonly timestamp: number | undefined
-  readonly size: number
-}
+/** What a write did for one record: where it was written, or why not. @internal */
+export type Written = RecordMetadata | ProduceFailed
 
-/** What a write did for one record. @internal */
-export type Written = Either.Either<RecordMetadata, ProduceFailed>
+/** @internal */
+export const isFailure = (written: Written): written is ProduceFailed => written instanceof ProduceFailed
 
 /**
  * Where batches go: `write` gets the records of one batch in the order they were sent and answers for each, in the
@@ -126,36 +114,29 @@ export type Written = Either.Either<RecordMetadata, ProduceFailed>
  * @internal
  */
 export interface Transport {
-  readonly write: (batch: ReadonlyArray<Prepared>) => Effect.Effect<ReadonlyArray<Written>>
+  readonly write: (batch: ReadonlyArray<ProducerRecord>) => Effect.Effect<ReadonlyArray<Written>>
 }
-
-const encoder = new TextEncoder()
-const toBytes = (value: Uint8Array | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
 
 /** Per-record overhead in a record batch (length, attributes, deltas, varint lengths), as an estimate. */
 const RECORD_OVERHEAD = 21
 
-/** @internal */
-export const prepare = (record: ProducerRecord): Prepared => {
-  const key = record.key === undefined || record.key === null ? null : toBytes(record.key)
-  const value = record.value === null ? null : toBytes(record.value)
-  let size = RECORD_OVERHEAD + (key === null ? 0 : key.length) + (value === null ? 0 : value.length)
-  let headers: Record<string, Uint8Array> | undefined
+const byteLength = (bytes: Uint8Array | string | null): number =>
+  bytes === null ? 0 : typeof bytes === "string" ? utf8Length(bytes) : bytes.length
+
+/** A record's bytes as the batcher counts them. @internal */
+export const sizeOf = (record: ProducerRecord): number => {
+  let size = RECORD_OVERHEAD + byteLength(record.key ?? null) + byteLength(record.value)
   if (record.headers !== undefined) {
     for (const name in record.headers) {
-      const raw = record.headers[name]
-      if (raw === undefined) continue
-      const bytes = toBytes(raw)
-      headers ??= {}
-      headers[name] = bytes
-      size += name.length + bytes.length + 2
+      const value = record.headers[name]
+      if (value !== undefined) size += utf8Length(name) + byteLength(value) + 2
     }
   }
-  return { topic: record.topic, partition: record.partition, key, value, headers, timestamp: record.timestamp, size }
+  return size
 }
 
 /** A record that cannot be sent at all, whatever the cluster says: refused before it is batched. @internal */
-export const refuse = (record: Prepared, maxRequestSize: number): ProduceFailed | undefined => {
+export const refuse = (record: ProducerRecord, size: number, maxRequestSize: number): ProduceFailed | undefined => {
   if (typeof record.topic !== "string" || record.topic.length === 0) {
     return new ProduceFailed({ reason: "UnknownTopic", topic: String(record.topic), detail: "the topic name is empty" })
   }
@@ -166,86 +147,104 @@ export const refuse = (record: Prepared, maxRequestSize: number): ProduceFailed 
       detail: `partition must be a non-negative integer, got ${record.partition}`
     })
   }
-  if (record.size > maxRequestSize) {
+  if (size > maxRequestSize) {
     return new ProduceFailed({
       reason: "RecordTooLarge",
       topic: record.topic,
       ...(record.partition === undefined ? {} : { partition: record.partition }),
-      detail: `the record is ${record.size} bytes, more than maxRequestSize (${maxRequestSize})`
+      detail: `the record is ${size} bytes, more than maxRequestSize (${maxRequestSize})`
     })
   }
   return undefined
 }
 
+/** The records of one topic in a batch, as `makePartitioner` laid them out. @internal */
+export interface TopicRecords {
+  readonly topic: string
+  /** The topic's partition count. */
+  readonly count: number
+  /** The places in the batch of the topic's records that can be sent, in batch order. */
+  readonly indexes: Array<number>
+}
+
 /**
- * Picks each record's partition: its own, its key's (murmur2, as the Java client), or for a record with neither the
- * partition of its topic for this batch (sticky: one per batch, the next one for the next batch). `partitions` is the
- * topic's partition count; a record naming a partition the topic does not have is refused.
+ * A batch laid out for sending: per record its partition (`-1` when it cannot be sent: its answer is in `out`); per
+ * topic the records to send.
+ *
+ * @internal
+ */
+export interface Layout {
+  /** The answers of the records that cannot be sent; the transport gives the others theirs. */
+  readonly out: Array<Written>
+  readonly partitionOf: Int32Array
+  readonly topics: ReadonlyArray<TopicRecords>
+}
+
+interface TopicLayout extends TopicRecords {
+  /** The partition of this batch's records with neither partition nor key, once one needed it. */
+  sticky: number
+}
+
+/**
+ * Lays out batches: each record's partition is its own, its key's (murmur2, as the Java client) or, for a record with
+ * neither, the partition of its topic for this batch (sticky: one per batch, the next one for the next batch).
+ * `counts` gives each topic of the batch its partition count, or why it cannot be written; a record naming a
+ * partition its topic does not have is refused.
  *
  * @internal
  */
 export const makePartitioner = () => {
   const sticky = new Map<string, number>()
-  return (batch: ReadonlyArray<Prepared>, partitions: (topic: string) => number) => {
-    const chosen = new Map<string, number>()
-    return batch.map((record): Either.Either<number, ProduceFailed> => {
-      const count = partitions(record.topic)
+  return (batch: ReadonlyArray<ProducerRecord>, counts: ReadonlyMap<string, number | ProduceFailed>): Layout => {
+    const n = batch.length
+    const out: Array<Written> = new Array(n)
+    const partitionOf = new Int32Array(n)
+    const byTopic = new Map<string, TopicLayout>()
+    const topics: Array<TopicLayout> = []
+    let last: TopicLayout | undefined
+    for (let i = 0; i < n; i++) {
+      const record = batch[i]!
+      let t = last !== undefined && last.topic === record.topic ? last : byTopic.get(record.topic)
+      if (t === undefined) {
+        const count = counts.get(record.topic)!
+        if (typeof count !== "number") {
+          out[i] = count
+          partitionOf[i] = -1
+          continue
+        }
+        t = { topic: record.topic, count, indexes: [], sticky: -1 }
+        byTopic.set(record.topic, t)
+        topics.push(t)
+      }
+      last = t
+      let partition: number
       if (record.partition !== undefined) {
-        return record.partition < count ? Either.right(record.partition) : Either.left(
-          new ProduceFailed({
+        if (record.partition >= t.count) {
+          out[i] = new ProduceFailed({
             reason: "UnknownPartition",
             topic: record.topic,
             partition: record.partition,
-            detail: `${record.topic} has ${count} partition${count === 1 ? "" : "s"}`
+            detail: `${record.topic} has ${t.count} partition${t.count === 1 ? "" : "s"}`
           })
-        )
+          partitionOf[i] = -1
+          continue
+        }
+        partition = record.partition
+      } else if (record.key !== undefined && record.key !== null) {
+        partition = partitionOfKey(typeof record.key === "string" ? utf8Encode(record.key) : record.key, t.count)
+      } else {
+        if (t.sticky < 0) {
+          const next = (sticky.get(t.topic) ?? Math.floor(Math.random() * t.count)) + 1
+          sticky.set(t.topic, next)
+          t.sticky = next % t.count
+        }
+        partition = t.sticky
       }
-      if (record.key !== null) return Either.right(partitionOfKey(record.key, count))
-      let partition = chosen.get(record.topic)
-      if (partition === undefined) {
-        const next = (sticky.get(record.topic) ?? Math.floor(Math.random() * count)) + 1
-        sticky.set(record.topic, next)
-        partition = next % count
-        chosen.set(record.topic, partition)
-      }
-      return Either.right(partition)
-    })
+      partitionOf[i] = partition
+      t.indexes.push(i)
+    }
+    return { out, partitionOf, topics }
   }
-}
-
-/** A record of a batch with the partition chosen for it; `index` is its place in the batch. @internal */
-export interface Placed {
-  readonly index: number
-  readonly record: Prepared
-  readonly partition: number
-}
-
-/**
- * Chooses the partition of each record of a batch, given each topic's partition count (or why the topic cannot be
- * written). Records that cannot be placed get their answer in `out`; the others are in `placed`, in batch order.
- *
- * @internal
- */
-export const place = (
-  batch: ReadonlyArray<Prepared>,
-  counts: ReadonlyMap<string, Either.Either<number, ProduceFailed>>,
-  partitioner: ReturnType<typeof makePartitioner>
-): { readonly out: Array<Written | undefined>; readonly placed: ReadonlyArray<Placed> } => {
-  const out: Array<Written | undefined> = batch.map((record) => {
-    const count = counts.get(record.topic)!
-    return Either.isLeft(count) ? Either.left(count.left) : undefined
-  })
-  const sendable = batch.filter((_, i) => out[i] === undefined)
-  const partitions = partitioner(sendable, (topic) => Either.getOrThrow(counts.get(topic)!))
-  const placed: Array<Placed> = []
-  let k = 0
-  batch.forEach((record, index) => {
-    if (out[index] !== undefined) return
-    const partition = partitions[k++]!
-    if (Either.isLeft(partition)) out[index] = Either.left(partition.left)
-    else placed.push({ index, record, partition: partition.right })
-  })
-  return { out, placed }
 }
 
 /** Items grouped by key, each group in the order of `items`. @internal */
@@ -275,12 +274,15 @@ export const unknownTopic = (topic: string) =>
  */
 class Group {
   readonly results: Array<Written>
+  /** Each record's size, as the batcher counts it. */
+  readonly sizes: Array<number>
   remaining: number
   /** Who waits for the answers: the caller, and any `flush` that came meanwhile. */
   waiting: Array<() => void> | undefined = undefined
-  constructor(size: number) {
-    this.results = new Array(size)
-    this.remaining = size
+  constructor(readonly records: ReadonlyArray<ProducerRecord>, readonly at: number) {
+    this.results = new Array(records.length)
+    this.sizes = new Array(records.length)
+    this.remaining = records.length
   }
   settle(index: number, written: Written): void {
     if (this.results[index] !== undefined) return
@@ -303,20 +305,30 @@ class Group {
   }
 }
 
-interface Pending {
-  readonly record: Prepared
-  readonly at: number
+/**
+ * Records `from` (inclusive) to `to` (exclusive) of a group, waiting in the buffer or written together: a `sendAll`
+ * is kept as its records, with no object of the producer's own per record.
+ */
+interface Segment {
   readonly group: Group
-  readonly index: number
+  readonly from: number
+  readonly to: number
 }
 
-const closed = (record: Prepared, detail: string) =>
+const closed = (record: ProducerRecord, detail: string) =>
   new ProduceFailed({
     reason: "Closed",
     topic: record.topic,
     ...(record.partition === undefined ? {} : { partition: record.partition }),
     detail
   })
+
+/** Answers every record of `segments` with `answer`. */
+const settleAll = (segments: ReadonlyArray<Segment>, answer: (record: ProducerRecord) => Written) => {
+  for (const { from, group, to } of segments) {
+    for (let i = from; i < to; i++) group.settle(i, answer(group.records[i]!))
+  }
+}
 
 /**
  * The producer service on a transport: sends from any number of fibers go into one buffer; a collector fiber cuts
@@ -330,11 +342,11 @@ export const make = (
   transport: Transport
 ): Effect.Effect<Context.Tag.Service<typeof Producer>, never, Scope.Scope> =>
   Effect.gen(function*() {
-    let buffer: Array<Pending> = []
+    let buffer: Array<Segment> = []
     let bufferBytes = 0
     let closing = false
     let flushes = 0
-    const inFlight = new Set<ReadonlyArray<Pending>>()
+    const inFlight = new Set<ReadonlyArray<Segment>>()
     const writers = new Set<Fiber.RuntimeFiber<void>>()
     let wake: Deferred.Deferred<void> | undefined
     let running = 0
@@ -349,35 +361,36 @@ export const make = (
       }
     }
 
-    const settle = (pending: Pending, written: Written) => pending.group.settle(pending.index, written)
-
-    const writeBatch = (batch: ReadonlyArray<Pending>) =>
-      transport.write(batch.map((p) => p.record)).pipe(
+    const writeBatch = (batch: ReadonlyArray<Segment>) => {
+      const records: Array<ProducerRecord> = []
+      for (const { from, group, to } of batch) {
+        for (let i = from; i < to; i++) records.push(group.records[i]!)
+      }
+      return transport.write(records).pipe(
         Effect.exit,
         Effect.map((exit) => {
           if (Exit.isSuccess(exit)) {
-            batch.forEach((p, i) => {
-              const written = exit.value[i]
-              settle(
-                p,
-                written ??
-                  Either.left(new ProduceFailed({ reason: "Other", topic: p.record.topic, detail: "no answer" }))
-              )
-            })
+            const results = exit.value
+            let k = 0
+            for (const { from, group, to } of batch) {
+              for (let i = from; i < to; i++) {
+                group.settle(
+                  i,
+                  results[k++] ??
+                    new ProduceFailed({ reason: "Other", topic: group.records[i]!.topic, detail: "no answer" })
+                )
+              }
+            }
           } else {
-            const detail = Cause.isInterruptedOnly(exit.cause)
+            const interrupted = Cause.isInterruptedOnly(exit.cause)
+            const detail = interrupted
               ? "the producer was shut down while the record was in flight"
               : Cause.pretty(exit.cause)
-            for (const p of batch) {
-              settle(
-                p,
-                Either.left(
-                  Cause.isInterruptedOnly(exit.cause)
-                    ? closed(p.record, detail)
-                    : new ProduceFailed({ reason: "Other", topic: p.record.topic, detail })
-                )
-              )
-            }
+            settleAll(
+              batch,
+              (record) =>
+                interrupted ? closed(record, detail) : new ProduceFailed({ reason: "Other", topic: record.topic, detail })
+            )
           }
           inFlight.delete(batch)
           running--
@@ -388,16 +401,31 @@ export const make = (
           }
         })
       )
+    }
 
-    const cut = (): Array<Pending> => {
+    /** The oldest records of the buffer, up to `batchSize` bytes (at least one record). */
+    const cut = (): Array<Segment> => {
+      const batch: Array<Segment> = []
       let bytes = 0
-      let n = 0
-      while (n < buffer.length && (n === 0 || bytes + buffer[n]!.record.size <= settings.batchSize)) {
-        bytes += buffer[n]!.record.size
-        n++
+      let taken = 0
+      while (taken < buffer.length) {
+        const segment = buffer[taken]!
+        const { from, group, to } = segment
+        let end = from
+        while (end < to && (bytes === 0 || bytes + group.sizes[end]! <= settings.batchSize)) {
+          bytes += group.sizes[end]!
+          end++
+        }
+        if (end === to) {
+          batch.push(segment)
+          taken++
+          continue
+        }
+        if (end > from) batch.push({ group, from, to: end })
+        buffer[taken] = { group, from: end, to }
+        break
       }
-      const batch = n === buffer.length ? buffer : buffer.slice(0, n)
-      buffer = n === buffer.length ? [] : buffer.slice(n)
+      buffer = taken === buffer.length ? [] : buffer.slice(taken)
       bufferBytes -= bytes
       if (flushes > 0 && buffer.length === 0) flushes = 0
       return batch
@@ -423,7 +451,7 @@ export const make = (
         }
         if (buffer.length > 0 && !closing && flushes === 0 && bufferBytes < settings.batchSize) {
           const now = yield* Clock.currentTimeMillis
-          const remaining = buffer[0]!.at + settings.lingerMillis - now
+          const remaining = buffer[0]!.group.at + settings.lingerMillis - now
           if (remaining > 0) {
             yield* waitForWake(remaining)
             continue
@@ -452,23 +480,29 @@ export const make = (
       Effect.forkDaemon
     )
 
-    const submit = (records: ReadonlyArray<Prepared>) =>
+    const submit = (records: ReadonlyArray<ProducerRecord>) =>
       Effect.flatMap(Clock.currentTimeMillis, (now) =>
         Effect.sync(() => {
-          const group = new Group(records.length)
+          const group = new Group(records, now)
           const wasEmpty = buffer.length === 0
+          // Runs of records that can be sent become segments; the others are answered at once.
+          let from = 0
           for (let index = 0; index < records.length; index++) {
             const record = records[index]!
+            const size = sizeOf(record)
+            group.sizes[index] = size
             const refused = closing
               ? closed(record, "the producer is shut down")
-              : refuse(record, settings.maxRequestSize)
-            if (refused !== undefined) {
-              group.settle(index, Either.left(refused))
+              : refuse(record, size, settings.maxRequestSize)
+            if (refused === undefined) {
+              bufferBytes += size
               continue
             }
-            buffer.push({ record, at: now, group, index })
-            bufferBytes += record.size
+            if (index > from) buffer.push({ group, from, to: index })
+            from = index + 1
+            group.settle(index, refused)
           }
+          if (records.length > from) buffer.push({ group, from, to: records.length })
           // The collector waits with no deadline while the buffer is empty, and with the linger deadline of the oldest
           // record otherwise: it is woken when the buffer stops being empty or holds a full batch.
           if (buffer.length > 0 && (wasEmpty || bufferBytes >= settings.batchSize)) signal()
@@ -476,21 +510,21 @@ export const make = (
         }))
 
     const send: Context.Tag.Service<typeof Producer>["send"] = (record) =>
-      Effect.flatMap(submit([prepare(record)]), (group) =>
+      Effect.flatMap(submit([record]), (group) =>
         Effect.flatMap(group.await, (results) => {
           const written = results[0]!
-          return Either.isRight(written) ? Effect.succeed(written.right) : Effect.fail(written.left)
+          return isFailure(written) ? Effect.fail(written) : Effect.succeed(written)
         }))
 
     const sendAll: Context.Tag.Service<typeof Producer>["sendAll"] = (records) =>
-      Effect.suspend(() => submit(Array.from(records, prepare))).pipe(
+      Effect.suspend(() => submit(Array.isArray(records) ? records : Array.from(records))).pipe(
         Effect.flatMap((group) => group.await),
         Effect.flatMap((results) => {
           const out: Array<RecordMetadata> = new Array(results.length)
           for (let i = 0; i < results.length; i++) {
             const r = results[i]!
-            if (Either.isLeft(r)) return Effect.fail(r.left)
-            out[i] = r.right
+            if (isFailure(r)) return Effect.fail(r)
+            out[i] = r
           }
           return Effect.succeed(out)
         })
@@ -498,8 +532,8 @@ export const make = (
 
     const flush: Effect.Effect<void> = Effect.suspend(() => {
       const waiting = new Set<Group>()
-      for (const p of buffer) waiting.add(p.group)
-      for (const batch of inFlight) for (const p of batch) waiting.add(p.group)
+      for (const { group } of buffer) waiting.add(group)
+      for (const batch of inFlight) for (const { group } of batch) waiting.add(group)
       if (waiting.size === 0) return Effect.void
       if (buffer.length > 0) {
         flushes++
@@ -519,9 +553,8 @@ export const make = (
         yield* Fiber.interrupt(collectorFiber)
         if (Option.isNone(finished)) {
           yield* Fiber.interruptAll(writers)
-          for (const p of [...buffer, ...Array.from(inFlight).flat()]) {
-            settle(p, Either.left(closed(p.record, "the producer was shut down before the record was written")))
-          }
+          const left = [...buffer, ...Array.from(inFlight).flat()]
+          settleAll(left, (record) => closed(record, "the producer was shut down before the record was written"))
           buffer = []
           inFlight.clear()
         }
@@ -537,7 +570,7 @@ export const make = (
  * @internal
  */
 export interface TxnSession {
-  readonly write: (batch: ReadonlyArray<Prepared>) => Effect.Effect<ReadonlyArray<Written>>
+  readonly write: (batch: ReadonlyArray<ProducerRecord>) => Effect.Effect<ReadonlyArray<Written>>
   /** Commits these positions for the group, with the transaction: they land if it commits, and only then. */
   readonly sendOffsets: (
     groupId: string,
@@ -586,12 +619,12 @@ export const inTransaction = <A, E, R>(
     Effect.gen(function*() {
       const session = yield* client.begin
       let failed: ProduceFailed | undefined
-      const write = (batch: ReadonlyArray<Prepared>) =>
+      const write = (batch: ReadonlyArray<ProducerRecord>) =>
         Effect.tap(session.write(batch), (results) => {
           if (failed !== undefined) return
           for (const r of results) {
-            if (Either.isLeft(r)) {
-              failed = r.left
+            if (isFailure(r)) {
+              failed = r
               return
             }
           }
