@@ -160,15 +160,24 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, send: () => SendB
   const write = (batch: ReadonlyArray<ProducerRecord>) =>
     Effect.gen(function*() {
       const now = yield* Clock.currentTimeMillis
-      const known = new Map<string, number | ProduceFailed>()
+      // Each topic of the batch, with the highest partition a record of it names (-1 for none).
+      const highest = new Map<string, number>()
       let last: string | undefined
+      let lastHighest = -1
       for (const record of batch) {
-        if (record.topic === last || known.has(record.topic)) continue
-        last = record.topic
-        const cached = counts.get(record.topic)
-        const stale = cached === undefined || now - cached.at > METADATA_MAX_AGE ||
-          batch.some((r) => r.topic === record.topic && r.partition !== undefined && r.partition >= cached.count)
-        known.set(record.topic, stale ? yield* readCount(record.topic, now) : cached.count)
+        if (record.topic !== last) {
+          if (last !== undefined) highest.set(last, lastHighest)
+          last = record.topic
+          lastHighest = highest.get(last) ?? -1
+        }
+        if (record.partition !== undefined && record.partition > lastHighest) lastHighest = record.partition
+      }
+      if (last !== undefined) highest.set(last, lastHighest)
+      const known = new Map<string, number | ProduceFailed>()
+      for (const [topic, partition] of highest) {
+        const cached = counts.get(topic)
+        const stale = cached === undefined || now - cached.at > METADATA_MAX_AGE || partition >= cached.count
+        known.set(topic, stale ? yield* readCount(topic, now) : cached.count)
       }
       const { out, partitionOf, topics } = partitioner(batch, known)
       if (topics.length === 0) return out
@@ -200,17 +209,17 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, send: () => SendB
         if (partitions === undefined) answered.set(m.topicName, partitions = new Map())
         partitions.set(m.partition, m)
       }
-      for (const { indexes, topic } of topics) {
+      for (const { count, indexes, topic } of topics) {
         const partitions = answered.get(topic)
         // Per partition the offset of its next record in this batch, or why its records were not written.
-        const next = new Map<number, bigint | ProduceFailed>()
+        const next: Array<bigint | ProduceFailed | undefined> = new Array(count)
         for (const i of indexes) {
           const partition = partitionOf[i]!
           if (resolved.acks === 0) {
             out[i] = { topic, partition, offset: -1n }
             continue
           }
-          let offset = next.get(partition)
+          let offset = next[partition]
           if (offset === undefined) {
             const m = partitions?.get(partition)
             offset = m !== undefined && m.baseOffset !== undefined && Number(m.errorCode) === 0
@@ -226,10 +235,10 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, send: () => SendB
           }
           if (typeof offset === "bigint") {
             out[i] = { topic, partition, offset }
-            next.set(partition, offset + 1n)
+            next[partition] = offset + 1n
           } else {
             out[i] = offset
-            next.set(partition, offset)
+            next[partition] = offset
           }
         }
       }

@@ -480,54 +480,59 @@ export const make = (
       Effect.forkDaemon
     )
 
-    const submit = (records: ReadonlyArray<ProducerRecord>) =>
-      Effect.flatMap(Clock.currentTimeMillis, (now) =>
-        Effect.sync(() => {
-          const group = new Group(records, now)
-          const wasEmpty = buffer.length === 0
-          // Runs of records that can be sent become segments; the others are answered at once.
-          let from = 0
-          for (let index = 0; index < records.length; index++) {
-            const record = records[index]!
-            const size = sizeOf(record)
-            group.sizes[index] = size
-            const refused = closing
-              ? closed(record, "the producer is shut down")
-              : refuse(record, size, settings.maxRequestSize)
-            if (refused === undefined) {
-              bufferBytes += size
-              continue
-            }
-            if (index > from) buffer.push({ group, from, to: index })
-            from = index + 1
-            group.settle(index, refused)
-          }
-          if (records.length > from) buffer.push({ group, from, to: records.length })
-          // The collector waits with no deadline while the buffer is empty, and with the linger deadline of the oldest
-          // record otherwise: it is woken when the buffer stops being empty or holds a full batch.
-          if (buffer.length > 0 && (wasEmpty || bufferBytes >= settings.batchSize)) signal()
-          return group
-        }))
+    // The clock of the producer's maker (a test's TestClock), read synchronously: a send is one step, not three.
+    const clock = yield* Effect.clock
+
+    /** Puts a call's records into the buffer (or answers the refused ones); its group answers for them. */
+    const submit = (records: ReadonlyArray<ProducerRecord>): Group => {
+      const group = new Group(records, clock.unsafeCurrentTimeMillis())
+      const wasEmpty = buffer.length === 0
+      // Runs of records that can be sent become segments; the others are answered at once.
+      let from = 0
+      for (let index = 0; index < records.length; index++) {
+        const record = records[index]!
+        const size = sizeOf(record)
+        group.sizes[index] = size
+        const refused = closing
+          ? closed(record, "the producer is shut down")
+          : refuse(record, size, settings.maxRequestSize)
+        if (refused === undefined) {
+          bufferBytes += size
+          continue
+        }
+        if (index > from) buffer.push({ group, from, to: index })
+        from = index + 1
+        group.settle(index, refused)
+      }
+      if (records.length > from) buffer.push({ group, from, to: records.length })
+      // The collector waits with no deadline while the buffer is empty, and with the linger deadline of the oldest
+      // record otherwise: it is woken when the buffer stops being empty or holds a full batch.
+      if (buffer.length > 0 && (wasEmpty || bufferBytes >= settings.batchSize)) signal()
+      return group
+    }
+
+    const answerOne = (results: ReadonlyArray<Written>): Effect.Effect<RecordMetadata, ProduceFailed> => {
+      const written = results[0]!
+      return isFailure(written) ? Effect.fail(written) : Effect.succeed(written)
+    }
+
+    const answerAll = (results: ReadonlyArray<Written>): Effect.Effect<ReadonlyArray<RecordMetadata>, ProduceFailed> => {
+      const out: Array<RecordMetadata> = new Array(results.length)
+      for (let i = 0; i < results.length; i++) {
+        const r = results[i]!
+        if (isFailure(r)) return Effect.fail(r)
+        out[i] = r
+      }
+      return Effect.succeed(out)
+    }
 
     const send: Context.Tag.Service<typeof Producer>["send"] = (record) =>
-      Effect.flatMap(submit([record]), (group) =>
-        Effect.flatMap(group.await, (results) => {
-          const written = results[0]!
-          return isFailure(written) ? Effect.fail(written) : Effect.succeed(written)
-        }))
+      Effect.suspend(() => Effect.flatMap(submit([record]).await, answerOne))
 
+    // The records are copied into an array of the producer's own: the caller may reuse its array once the call is made.
     const sendAll: Context.Tag.Service<typeof Producer>["sendAll"] = (records) =>
-      Effect.suspend(() => submit(Array.isArray(records) ? records : Array.from(records))).pipe(
-        Effect.flatMap((group) => group.await),
-        Effect.flatMap((results) => {
-          const out: Array<RecordMetadata> = new Array(results.length)
-          for (let i = 0; i < results.length; i++) {
-            const r = results[i]!
-            if (isFailure(r)) return Effect.fail(r)
-            out[i] = r
-          }
-          return Effect.succeed(out)
-        })
+      Effect.suspend(() =>
+        Effect.flatMap(submit(Array.isArray(records) ? records.slice() : Array.from(records)).await, answerAll)
       )
 
     const flush: Effect.Effect<void> = Effect.suspend(() => {
