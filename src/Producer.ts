@@ -21,7 +21,10 @@ import type { DriverError, ProduceFailed, TransactionFailed } from "./KafkaError
 /**
  * A record to write. `value` `null` is a tombstone (on a compacted topic, it deletes the key). Without `partition`,
  * a record with a key goes to the key's partition (murmur2, as in Java), one without to the batch's partition.
- * `timestamp` is milliseconds since the epoch (default: when it is sent).
+ * `timestamp` is milliseconds since the epoch (default: when it is sent). A string is written as UTF-8. The producer
+ * keeps the record, not a copy of its bytes, until it is written: a `Uint8Array` must not be changed before the send
+ * is answered. On kafkajs a string or a `Buffer` is handed over as it is, the cheapest; another `Uint8Array` is
+ * viewed as a `Buffer` (no copy).
  *
  * @since 0.1.0
  * @category models
