@@ -44,6 +44,12 @@ export interface Workload {
   readonly commitEvery?: number
   /** Time the handler spends on each chunk, as I/O would. */
   readonly handlerMillis?: number
+  /** Which records of a partition are handled one after another (the consumer's `ordering`). Default `partition`. */
+  readonly ordering?: Consumer.Config["ordering"]
+  /** Handler calls in flight under `key` and `unordered` ordering. */
+  readonly concurrency?: number
+  /** Records get keys `k0` to `k<keys - 1>`, in turn; without it they have none. */
+  readonly keys?: number
   /**
    * Most zombies in the run: a member that stalls in the middle of a unit of work (frozen: no poll, no heartbeat)
    * until the group has given its partition to another member, then wakes and tries to commit. Members get a short
@@ -249,7 +255,13 @@ export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) =
   return {
     member: (groupId, topic) =>
       Consumer.run(
-        { groupId, topics: [topic], maxPollRecords: workload.maxPollRecords ?? 50, retry: Schedule.recurs(0) },
+        {
+          groupId,
+          topics: [topic],
+          maxPollRecords: workload.maxPollRecords ?? 50,
+          retry: Schedule.recurs(0),
+          ...orderingOf(workload)
+        },
         (records) => paced(workload, tallyAll(tally, records))
       ).pipe(
         Effect.provide(Layer.merge(policy, InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))))
@@ -307,7 +319,14 @@ const exactlyOnceConfig = (workload: Workload, groupId: string, topic: string): 
   topics: [topic],
   maxPollRecords: workload.maxPollRecords ?? 50,
   retry: Schedule.recurs(0),
-  ...sessionOf(workload)
+  ...sessionOf(workload),
+  ...orderingOf(workload)
+})
+
+/** The workload's ordering and concurrency, as consumer settings. */
+const orderingOf = (workload: Workload): Pick<Consumer.Config, "ordering" | "concurrency"> => ({
+  ...(workload.ordering === undefined ? {} : { ordering: workload.ordering }),
+  ...(workload.concurrency === undefined ? {} : { concurrency: workload.concurrency })
 })
 
 /** The handler's time per chunk, as I/O would take it, before its write. */
@@ -447,7 +466,14 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     const batch = 10_000
     for (let at = 0; at < workload.records; at += batch) {
       const n = Math.min(batch, workload.records - at)
-      yield* kafka.produce(topic, Array.from({ length: n }, (_, i) => ({ value: String(at + i), partition: (at + i) % workload.partitions })))
+      yield* kafka.produce(
+        topic,
+        Array.from({ length: n }, (_, i) => ({
+          value: String(at + i),
+          partition: (at + i) % workload.partitions,
+          ...(workload.keys === undefined ? {} : { key: `k${(at + i) % workload.keys}` })
+        }))
+      )
     }
     const end = yield* kafka.endOffsets(topic)
     let crashes = 0

@@ -19,6 +19,7 @@ import type { CommitPolicy } from "./CommitPolicy.js"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { Driver, IsolationLevel } from "./Driver.js"
 import * as config from "./internal/config.js"
+import { concurrently, type Ordering } from "./internal/ordering.js"
 import * as runloop from "./internal/runloop.js"
 import {
   type CommitFailed,
@@ -93,6 +94,26 @@ export interface Config {
    * instead. Default `true`.
    */
   readonly rejoin?: boolean
+  /**
+   * Which records of a partition `run` and `runEach` hand over one after another (a partition stream is always read
+   * in order):
+   *
+   * - `"partition"` (the default): every record of a partition, in offset order; partitions side by side.
+   * - `"key"`: records with the same key, in offset order; records with different keys (and records without a key)
+   *   side by side. `run` gets a chunk per key, `runEach` a record at a time per key.
+   * - `"unordered"`: every record side by side.
+   *
+   * Under `"key"` and `"unordered"` the records of a fetched chunk are handled concurrently, and the chunk counts as
+   * handled (for the commit policy, the position and the retries) when all of them are: every policy keeps its
+   * guarantee as it is, and a failed handler is retried with its whole chunk. The next chunk of the partition starts
+   * when this one is done.
+   */
+  readonly ordering?: "partition" | "key" | "unordered"
+  /**
+   * Under `"key"` and `"unordered"` ordering, the most handler calls in flight at once, over all partitions of the
+   * consumer. Default 64.
+   */
+  readonly concurrency?: number
 }
 
 /**
@@ -131,7 +152,13 @@ const duration = (field: string, input: Duration.DurationInput | undefined, fall
 const positiveInt = (field: string, input: number | undefined, fallback: number) =>
   input === undefined ? Effect.succeed(fallback) : config.positiveInt(field, input)
 
-const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =>
+/** The runloop's settings, and how `run` and `runEach` hand records to the handler. */
+interface Resolved extends runloop.Resolved {
+  readonly ordering: Ordering
+  readonly concurrency: number
+}
+
+const resolve = (config: Config): Effect.Effect<Resolved, ConfigError> =>
   Effect.gen(function*() {
     if (typeof config.groupId !== "string" || config.groupId.trim().length === 0) {
       return yield* new ConfigError({ field: "groupId", reason: "must be a non-empty string" })
@@ -201,7 +228,17 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
     if (config.rejoin !== undefined && typeof config.rejoin !== "boolean") {
       return yield* new ConfigError({ field: "rejoin", reason: `must be true or false, got ${String(config.rejoin)}` })
     }
+    const ordering = config.ordering ?? "partition"
+    if (ordering !== "partition" && ordering !== "key" && ordering !== "unordered") {
+      return yield* new ConfigError({
+        field: "ordering",
+        reason: `must be "partition", "key" or "unordered", got ${JSON.stringify(ordering)}`
+      })
+    }
+    const concurrency = yield* positiveInt("concurrency", config.concurrency, 64)
     return {
+      ordering,
+      concurrency,
       session: {
         groupId: config.groupId,
         clientId: config.clientId ?? config.groupId,
@@ -224,7 +261,7 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
       offsetReset,
       reconnectTimeout,
       rejoin: config.rejoin ?? true
-    } satisfies runloop.Resolved
+    } satisfies Resolved
   })
 
 /**
@@ -247,8 +284,8 @@ export type Handler<E, R> = (
 ) => Effect.Effect<void, E, R>
 
 /**
- * Runs the consumer: partitions concurrently, chunks of a partition one after another, positions committed as the
- * provided `CommitPolicy` says. Never succeeds; it ends by interruption or with the first error. A handler that
+ * Runs the consumer: partitions concurrently, chunks of a partition one after another (the records of a chunk in
+ * order, by key or side by side, as `ordering` says), positions committed as the provided `CommitPolicy` says. Never succeeds; it ends by interruption or with the first error. A handler that
  * keeps failing ends it with `HandlerFailed`, whose `cause` is the handler's own error, typed.
  *
  * A handler that writes through the offset store's transaction (it requires `OffsetStore.Transaction`) can run only
@@ -262,13 +299,19 @@ export const run = <E, R, EH = never, RH = never>(
   handler: Handler<E, R>,
   hooks: Hooks<EH, RH> = {}
 ): Effect.Effect<never, ConsumerError | HandlerFailed<E> | EH, Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>> =>
-  Effect.flatMap(resolve(config), (resolved) =>
-    runloop.run(
-      resolved,
-      (records, partition) =>
-        Effect.mapError(handler(records, partition), (error) => new runloop.HandlerFailure(error, undefined)),
-      hooks
-    ))
+  Effect.flatMap(resolve(config), (resolved) => {
+    const call = (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) =>
+      Effect.mapError(handler(records, partition), (error) => new runloop.HandlerFailure(error, undefined))
+    const { ordering } = resolved
+    if (ordering === "partition") return runloop.run(resolved, call, hooks)
+    return Effect.flatMap(Effect.makeSemaphore(resolved.concurrency), (permits) =>
+      runloop.run(
+        resolved,
+        (records, partition) =>
+          concurrently(records, ordering, resolved.concurrency, (lane) => permits.withPermits(1)(call(lane, partition))),
+        hooks
+      ))
+  })
 
 /**
  * Runs the consumer with a handler per record. When the handler fails, `HandlerFailed` names the record it failed on.
@@ -281,17 +324,26 @@ export const runEach = <E, R, EH = never, RH = never>(
   handler: (record: ConsumerRecord) => Effect.Effect<void, E, R>,
   hooks: Hooks<EH, RH> = {}
 ): Effect.Effect<never, ConsumerError | HandlerFailed<E> | EH, Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>> =>
-  Effect.flatMap(resolve(config), (resolved) =>
-    runloop.run(
-      resolved,
-      (records) =>
-        Effect.forEach(
-          records,
-          (record) => Effect.mapError(handler(record), (error) => new runloop.HandlerFailure(error, record.offset)),
-          { discard: true }
-        ),
-      hooks
-    ))
+  Effect.flatMap(resolve(config), (resolved) => {
+    const call = (record: ConsumerRecord) =>
+      Effect.mapError(handler(record), (error) => new runloop.HandlerFailure(error, record.offset))
+    const { ordering } = resolved
+    if (ordering === "partition") {
+      return runloop.run(resolved, (records) => Effect.forEach(records, call, { discard: true }), hooks)
+    }
+    return Effect.flatMap(Effect.makeSemaphore(resolved.concurrency), (permits) =>
+      runloop.run(
+        resolved,
+        (records) =>
+          concurrently(
+            records,
+            ordering,
+            resolved.concurrency,
+            (lane) => Effect.forEach(lane, (record) => permits.withPermits(1)(call(record)), { discard: true })
+          ),
+        hooks
+      ))
+  })
 
 /**
  * One assigned partition and its records. The stream ends when the partition is revoked. A chunk counts as handled
@@ -315,6 +367,13 @@ export const partitions = (
   config: Config
 ): Stream.Stream<PartitionStream, ConsumerError | HandlerFailed<never>, Driver | CommitPolicy> =>
   Stream.unwrapScoped(Effect.gen(function*() {
+    if (config.ordering !== undefined && config.ordering !== "partition") {
+      return yield* new ConfigError({
+        field: "ordering",
+        reason: `a partition stream is read in offset order; ordering ${JSON.stringify(config.ordering)} applies to ` +
+          "run and runEach"
+      })
+    }
     type Handoff = readonly [Chunk.Chunk<ConsumerRecord>, Deferred.Deferred<void>] | null
     const out = yield* Queue.unbounded<PartitionStream>()
     const handoffs = new Map<string, Queue.Queue<Handoff>>()

@@ -91,6 +91,15 @@ describe("exactly-once end to end on the in-memory broker, with crashes and reba
       exactlyOnce(outcome)
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
 
+  it.live("memory store, key ordering: every record's result is stored exactly once, keys handled side by side", () =>
+    Effect.gen(function*() {
+      const outcome = yield* runWorkload(
+        { ...workload, seed: 104, ordering: "key", keys: 50, concurrency: 16 },
+        transactionalPlan(appendSink)
+      )
+      exactlyOnce(outcome)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
+
   it.live("file store: every record's result is stored exactly once", () =>
     Effect.gen(function*() {
       const fs = yield* FileSystem.FileSystem

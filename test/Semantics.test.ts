@@ -79,7 +79,7 @@ describe("delivery guarantees under crashes at each point, with members joining 
     }))
 
   it.live.prop(
-    "property: for random crash points, batch sizes and member counts, commitAfter never loses and atMostOnce never duplicates",
+    "property: for random crash points, batch sizes, member counts and orderings, commitAfter never loses and atMostOnce never duplicates",
     {
       seed: FastCheck.integer({ min: 1, max: 1_000_000 }),
       consumers: FastCheck.integer({ min: 1, max: 4 }),
@@ -88,9 +88,14 @@ describe("delivery guarantees under crashes at each point, with members joining 
       commitEvery: FastCheck.integer({ min: 1, max: 300 }),
       points: FastCheck.subarray([...crashPoints], { minLength: 1 }),
       crashes: FastCheck.integer({ min: 0, max: 15 }),
-      rebalances: FastCheck.boolean()
+      rebalances: FastCheck.boolean(),
+      ordering: FastCheck.constantFrom("partition" as const, "key" as const, "unordered" as const),
+      keys: FastCheck.integer({ min: 1, max: 200 }),
+      concurrency: FastCheck.integer({ min: 1, max: 32 })
     },
-    ({ commitEvery, consumers, crashes, maxPollRecords, partitions, points, rebalances, seed }) =>
+    (
+      { commitEvery, concurrency, consumers, crashes, keys, maxPollRecords, ordering, partitions, points, rebalances, seed }
+    ) =>
       Effect.gen(function*() {
         const workload = {
           records: 1_500,
@@ -102,7 +107,10 @@ describe("delivery guarantees under crashes at each point, with members joining 
           rebalances,
           maxPollRecords,
           commitEvery,
-          seed
+          seed,
+          ordering,
+          keys,
+          concurrency
         }
         const alo = yield* run({ ...workload, policy: "commitAfter" })
         const amo = yield* run({ ...workload, policy: "atMostOnce" })

@@ -1,0 +1,180 @@
+import { assert, describe, expectTypeOf, it } from "@effect/vitest"
+import * as Chunk from "effect/Chunk"
+import * as Deferred from "effect/Deferred"
+import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
+import * as Stream from "effect/Stream"
+import * as TestClock from "effect/TestClock"
+import * as CommitPolicy from "../src/CommitPolicy.js"
+import * as Consumer from "../src/Consumer.js"
+import type { ConsumerRecord } from "../src/ConsumerRecord.js"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import { lanes } from "../src/internal/ordering.js"
+import { ConfigError } from "../src/KafkaError.js"
+import { settled } from "./support/kit.js"
+
+const withKafka = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.provide(effect, InMemoryKafka.layer())
+
+const commitAfter = CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })
+
+const decode = (bytes: Uint8Array | null) => bytes === null ? "" : new TextDecoder().decode(bytes)
+
+/** One partition of `count` records whose keys cycle through `keys` names. */
+const produceKeyed = (topic: string, count: number, keys: number) =>
+  Effect.gen(function*() {
+    yield* InMemoryKafka.createTopic(topic, 1)
+    yield* InMemoryKafka.produce(
+      topic,
+      Array.from({ length: count }, (_, i) => ({ key: `k${i % keys}`, value: `${i}`, partition: 0 }))
+    )
+  })
+
+describe("ordering: lanes of a chunk", () => {
+  const record = (offset: number, key: string | null): ConsumerRecord => ({
+    topic: "t",
+    partition: 0,
+    offset: BigInt(offset),
+    key: key === null ? null : new TextEncoder().encode(key),
+    value: null,
+    headers: {},
+    timestamp: 0
+  })
+
+  it("key: a lane per key in offset order; a record without a key is a lane of its own", () => {
+    const chunk = Chunk.make(record(0, "a"), record(1, "b"), record(2, null), record(3, "a"), record(4, null))
+    const split = lanes(chunk, "key").map((lane) => Chunk.toReadonlyArray(lane).map((r) => Number(r.offset)))
+    assert.deepStrictEqual(split, [[0, 3], [1], [2], [4]])
+  })
+
+  it("key: keys that differ in any byte are different lanes, equal bytes the same lane", () => {
+    const keyed = (offset: number, bytes: Array<number>): ConsumerRecord => ({
+      ...record(offset, null),
+      key: new Uint8Array(bytes)
+    })
+    const chunk = Chunk.make(keyed(0, [0xff, 1]), keyed(1, [0xff, 2]), keyed(2, [0xff, 1]), keyed(3, []))
+    const split = lanes(chunk, "key").map((lane) => Chunk.toReadonlyArray(lane).map((r) => Number(r.offset)))
+    assert.deepStrictEqual(split, [[0, 2], [1], [3]])
+  })
+
+  it("unordered: every record a lane", () => {
+    const chunk = Chunk.make(record(0, "a"), record(1, "a"))
+    assert.strictEqual(lanes(chunk, "unordered").length, 2)
+  })
+})
+
+describe("ordering: key", () => {
+  it.effect("a key waits for its own earlier record only: other keys of the partition go on meanwhile", () =>
+    withKafka(Effect.gen(function*() {
+      yield* produceKeyed("keyed", 40, 4)
+      const release = yield* Deferred.make<void>()
+      const handled: Array<{ readonly key: string; readonly offset: bigint }> = []
+      const fiber = yield* Consumer.runEach(
+        { groupId: "g", topics: ["keyed"], maxPollRecords: 40, ordering: "key", concurrency: 8 },
+        (record) =>
+          Effect.gen(function*() {
+            // k0's first record waits until every record of the other keys has been handled.
+            if (record.offset === 0n) yield* Deferred.await(release)
+            handled.push({ key: decode(record.key), offset: record.offset })
+          })
+      ).pipe(Effect.provide(commitAfter), Effect.fork)
+      yield* settled("the other keys' 30 records handled", Effect.sync(() => handled.length >= 30))
+      const early = handled.slice()
+      // Released before anything is asserted: a consumer interrupted with a handler stuck would wait for revokeTimeout.
+      yield* Deferred.succeed(release, undefined)
+      yield* settled("all handled", Effect.sync(() => handled.length === 40))
+      yield* Fiber.interrupt(fiber)
+      assert.isTrue(early.every((h) => h.key !== "k0"), "k0's later records wait behind its first")
+      for (let k = 0; k < 4; k++) {
+        const offsets = handled.filter((h) => h.key === `k${k}`).map((h) => Number(h.offset))
+        assert.deepStrictEqual(offsets, Array.from({ length: 10 }, (_, i) => i * 4 + k), `k${k} in offset order`)
+      }
+    })))
+
+  it.effect("handlers in flight never exceed concurrency, over all partitions, and reach it", () =>
+    withKafka(Effect.gen(function*() {
+      yield* InMemoryKafka.createTopic("many", 3)
+      for (let p = 0; p < 3; p++) {
+        yield* InMemoryKafka.produce(
+          "many",
+          Array.from({ length: 60 }, (_, i) => ({ key: `p${p}-k${i % 20}`, value: `${i}`, partition: p }))
+        )
+      }
+      let inFlight = 0
+      let most = 0
+      let done = 0
+      const fiber = yield* Consumer.runEach(
+        { groupId: "g", topics: ["many"], maxPollRecords: 60, ordering: "key", concurrency: 5 },
+        () =>
+          Effect.gen(function*() {
+            inFlight++
+            most = Math.max(most, inFlight)
+            yield* Effect.sleep("10 millis")
+            inFlight--
+            done++
+          })
+      ).pipe(Effect.provide(commitAfter), Effect.fork)
+      while (done < 180) {
+        yield* TestClock.adjust("10 millis")
+        yield* settled("handlers waiting or done", Effect.sync(() => true), 100)
+      }
+      yield* Fiber.interrupt(fiber)
+      assert.strictEqual(most, 5)
+    })))
+
+  it.effect("commitAfter: the position passes a chunk only when all its keys are handled", () =>
+    withKafka(Effect.gen(function*() {
+      yield* produceKeyed("slow", 20, 2)
+      const release = yield* Deferred.make<void>()
+      let handled = 0
+      const fiber = yield* Consumer.run(
+        { groupId: "g", topics: ["slow"], maxPollRecords: 10, ordering: "key", concurrency: 4 },
+        (records) =>
+          Effect.gen(function*() {
+            // The chunk of offsets 0-9: k1's lane waits; k0's is handled at once.
+            if (Chunk.unsafeHead(records).offset === 1n) yield* Deferred.await(release)
+            handled += Chunk.size(records)
+          })
+      ).pipe(Effect.provide(commitAfter), Effect.fork)
+      yield* settled("k0's five handled", Effect.sync(() => handled >= 5))
+      for (let i = 0; i < 100; i++) yield* Effect.yieldNow()
+      const handledEarly = handled
+      const before = yield* InMemoryKafka.committed("g")
+      yield* Deferred.succeed(release, undefined)
+      yield* settled("all committed", Effect.map(InMemoryKafka.committed("g"), (b) => b.positions.get("slow-0") === 20n))
+      yield* Fiber.interrupt(fiber)
+      assert.strictEqual(handledEarly, 5, "k1's lane waits while k0's is handled")
+      assert.strictEqual(before.positions.size, 0, "nothing is committed while a record of the chunk is in flight")
+      assert.strictEqual(handled, 20)
+    })))
+})
+
+describe("ordering: settings", () => {
+  it.effect("a bad ordering or concurrency is refused, naming the field", () =>
+    Effect.gen(function*() {
+      const ordering = yield* Effect.flip(
+        // @ts-expect-error: not an ordering
+        Consumer.validate({ groupId: "g", topics: ["t"], ordering: "random" })
+      )
+      assert.instanceOf(ordering, ConfigError)
+      assert.strictEqual(ordering.field, "ordering")
+      for (const concurrency of [0, -1, 1.5]) {
+        const error = yield* Effect.flip(Consumer.validate({ groupId: "g", topics: ["t"], concurrency }))
+        assert.strictEqual(error.field, "concurrency")
+      }
+    }))
+
+  it.effect("a partition stream refuses an ordering other than partition", () =>
+    withKafka(Effect.gen(function*() {
+      yield* InMemoryKafka.createTopic("t", 1)
+      const error = yield* Consumer.partitions({ groupId: "g", topics: ["t"], ordering: "key" }).pipe(
+        Stream.runDrain,
+        Effect.provide(commitAfter),
+        Effect.flip
+      )
+      assert.isTrue(error instanceof ConfigError && error.field === "ordering", String(error))
+    })))
+
+  it("ordering is one of three names", () => {
+    expectTypeOf<NonNullable<Consumer.Config["ordering"]>>().toEqualTypeOf<"partition" | "key" | "unordered">()
+  })
+})
