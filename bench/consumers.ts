@@ -35,7 +35,7 @@ let groupSeq = 0
 const freshGroup = (variant: string) => `bench-${variant}-${process.pid}-${++groupSeq}-${crypto.randomUUID()}`
 
 /** Counts handled records and notes when the first and the last arrived. */
-class Counter {
+export class Counter {
   count = 0
   /** Records of the first delivery (a batch, a chunk or one record), which arrive all at the first instant. */
   firstCount = 0

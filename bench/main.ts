@@ -5,7 +5,8 @@
  *   npm run bench                               the full run (about 40 minutes on 2 cores, most of it the 16 B run)
  *   npm run bench -- --smoke                    every benchmark at tiny sizes, for CI (under a minute)
  *   npm run bench -- --json out.json            also write the results as JSON
- *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer
+ *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer,
+ *                                               ordering
  *   npm run bench -- --rounds 7 --warmup 2      more rounds
  *
  * A broker is started with scripts/kafka.sh on a free port (and stopped at the end) unless KAFKA_BROKERS is set.
@@ -19,13 +20,14 @@ import { withBroker } from "./broker.js"
 import { type BenchResult, loadAverage, type Plan, renderResult } from "./harness.js"
 import { inMemory } from "./inMemory.js"
 import { exactlyOnce, type PostgresSizes } from "./postgres.js"
+import { orderingInMemory, orderingKafka, type OrderingSizes } from "./ordering.js"
 import { manyFibers, pipeline, producerThroughput, type ProducerSizes } from "./producer.js"
 import { overhead, realistic, type RealBrokerSizes } from "./realBroker.js"
 import { makeTopics } from "./topics.js"
 
 process.env.KAFKAJS_NO_PARTITIONER_WARNING = "1"
 
-const benchmarkIds = ["overhead", "realistic", "postgres", "inmemory", "backlog", "producer"] as const
+const benchmarkIds = ["overhead", "realistic", "postgres", "inmemory", "backlog", "producer", "ordering"] as const
 type BenchmarkId = (typeof benchmarkIds)[number]
 
 interface Sizes {
@@ -34,6 +36,7 @@ interface Sizes {
   readonly inMemoryRecords: number
   readonly backlog: BacklogSizes
   readonly producer: ProducerSizes
+  readonly ordering: OrderingSizes
 }
 
 const full: Sizes = {
@@ -47,7 +50,8 @@ const full: Sizes = {
     fiberRecords: 20_000,
     pipelineRecords: 200_000,
     partitions: 6
-  }
+  },
+  ordering: { records: 20_000, keys: 10_000, partitions: 6, concurrency: 100 }
 }
 
 const smoke: Sizes = {
@@ -55,7 +59,8 @@ const smoke: Sizes = {
   postgres: { recordsPerBatchSize: [[1, 20], [100, 500], [1000, 3_000]] },
   inMemoryRecords: 20_000,
   backlog: { small: 6_000, large: 30_000, partitions: 6, windowMs: 1_500, chunkDelayMs: 500 },
-  producer: { throughputRecords: 3_000, valueBytes: [256, 16], fiberRecords: 500, pipelineRecords: 600, partitions: 6 }
+  producer: { throughputRecords: 3_000, valueBytes: [256, 16], fiberRecords: 500, pipelineRecords: 600, partitions: 6 },
+  ordering: { records: 600, keys: 100, partitions: 6, concurrency: 20 }
 }
 
 export interface Options {
@@ -150,11 +155,12 @@ const main = async (): Promise<number> => {
   const wants = (id: BenchmarkId) => options.only.includes(id)
 
   if (wants("inmemory")) await attempt("inmemory", () => inMemory(plan, sizes.inMemoryRecords, 6))
+  if (wants("ordering")) await attempt("ordering-inmemory", () => orderingInMemory(plan, sizes.ordering))
   if (wants("postgres")) {
     const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
     await attempt("postgres", () => exactlyOnce(plan, url, sizes.postgres))
   }
-  if (wants("overhead") || wants("realistic") || wants("backlog") || wants("producer")) {
+  if (wants("overhead") || wants("realistic") || wants("backlog") || wants("producer") || wants("ordering")) {
     try {
       await withBroker(log, async (brokers) => {
         const runId = `${process.pid}-${Date.now().toString(36)}`
@@ -174,6 +180,7 @@ const main = async (): Promise<number> => {
             await attempt("producer-fibers", () => manyFibers(plan, brokers, sizes.producer))
             await attempt("pipeline", () => pipeline(plan, brokers, sizes.producer))
           }
+          if (wants("ordering")) await attempt("ordering-kafka", () => orderingKafka(plan, brokers, sizes.ordering))
         } finally {
           await topics.close()
         }

@@ -20,6 +20,7 @@ import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { Driver, IsolationLevel } from "./Driver.js"
 import * as config from "./internal/config.js"
 import { concurrently, type Ordering } from "./internal/ordering.js"
+import * as Permits from "./internal/permits.js"
 import * as runloop from "./internal/runloop.js"
 import {
   type CommitFailed,
@@ -304,13 +305,15 @@ export const run = <E, R, EH = never, RH = never>(
       Effect.mapError(handler(records, partition), (error) => new runloop.HandlerFailure(error, undefined))
     const { ordering } = resolved
     if (ordering === "partition") return runloop.run(resolved, call, hooks)
-    return Effect.flatMap(Effect.makeSemaphore(resolved.concurrency), (permits) =>
-      runloop.run(
+    return Effect.suspend(() => {
+      const permits = Permits.make(resolved.concurrency)
+      return runloop.run(
         resolved,
         (records, partition) =>
-          concurrently(records, ordering, resolved.concurrency, (lane) => permits.withPermits(1)(call(lane, partition))),
+          concurrently(records, ordering, permits, resolved.concurrency, (lane) => call(lane, partition)),
         hooks
-      ))
+      )
+    })
   })
 
 /**
@@ -331,18 +334,15 @@ export const runEach = <E, R, EH = never, RH = never>(
     if (ordering === "partition") {
       return runloop.run(resolved, (records) => Effect.forEach(records, call, { discard: true }), hooks)
     }
-    return Effect.flatMap(Effect.makeSemaphore(resolved.concurrency), (permits) =>
-      runloop.run(
+    return Effect.suspend(() => {
+      const permits = Permits.make(resolved.concurrency)
+      return runloop.run(
         resolved,
         (records) =>
-          concurrently(
-            records,
-            ordering,
-            resolved.concurrency,
-            (lane) => Effect.forEach(lane, (record) => permits.withPermits(1)(call(record)), { discard: true })
-          ),
+          concurrently(records, ordering, permits, resolved.concurrency, (lane) => Effect.forEach(lane, call, { discard: true })),
         hooks
-      ))
+      )
+    })
   })
 
 /**

@@ -35,7 +35,9 @@ const expected = [
   "producer-256b",
   "producer-16b",
   "producer-fibers",
-  "pipeline"
+  "pipeline",
+  "ordering-inmemory",
+  "ordering-kafka"
 ]
 
 const runSmoke = (json: string) =>

@@ -10,6 +10,7 @@ import * as Consumer from "../src/Consumer.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { lanes } from "../src/internal/ordering.js"
+import * as Permits from "../src/internal/permits.js"
 import { ConfigError } from "../src/KafkaError.js"
 import { settled } from "./support/kit.js"
 
@@ -177,4 +178,28 @@ describe("ordering: settings", () => {
   it("ordering is one of three names", () => {
     expectTypeOf<NonNullable<Consumer.Config["ordering"]>>().toEqualTypeOf<"partition" | "key" | "unordered">()
   })
+})
+
+describe("ordering: permits", () => {
+  it.effect("a released permit goes to the oldest waiter; an interrupted waiter gives its place or its permit on", () =>
+    Effect.gen(function*() {
+      const permits = Permits.make(1)
+      const order: Array<string> = []
+      const hold = yield* Deferred.make<void>()
+      const first = yield* Effect.fork(permits.withPermit(Effect.zipRight(Deferred.await(hold), Effect.sync(() => order.push("first")))))
+      yield* settled("first holds the permit", Effect.sync(() => permits.state().free === 0))
+      const waiters = yield* Effect.forEach(
+        ["a", "b", "c"],
+        (name) => Effect.fork(permits.withPermit(Effect.sync(() => order.push(name)))),
+        { concurrency: 1 }
+      )
+      yield* settled("three waiting", Effect.sync(() => permits.state().waiting === 3))
+      yield* Fiber.interrupt(waiters[1]!)
+      yield* Deferred.succeed(hold, undefined)
+      yield* Fiber.join(first)
+      yield* Fiber.join(waiters[0]!)
+      yield* Fiber.join(waiters[2]!)
+      assert.deepStrictEqual(order, ["first", "a", "c"])
+      assert.deepStrictEqual(permits.state(), { free: 1, waiting: 0 })
+    }))
 })

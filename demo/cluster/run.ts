@@ -5,6 +5,7 @@
  * `CLUSTER_VERBOSE=1` copies the members' output to standard error.
  */
 import { type ChildProcess, spawn } from "node:child_process"
+import * as os from "node:os"
 import * as path from "node:path"
 import { createInterface } from "node:readline"
 import { fileURLToPath } from "node:url"
@@ -109,6 +110,15 @@ const startMember = (name: string, options: MemberOptions, running: Set<Member>)
       stdio: ["pipe", "pipe", "pipe"],
       env: { ...process.env, KAFKAJS_NO_PARTITIONER_WARNING: "1" }
     })
+    // Members run below the driver's scheduling priority: on a small machine, however busy the members are, the driver
+    // (its kills and audits, and a test runner's own messages) keeps up.
+    if (child.pid !== undefined) {
+      try {
+        os.setPriority(child.pid, 10)
+      } catch {
+        // a platform without priorities: the members run at the driver's
+      }
+    }
     const member: Member = { name, child, owned: new Set(), killed: false, stopping: false, exited, tail: [] }
     everyChild.add(child)
     running.add(member)

@@ -1,6 +1,7 @@
 import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
+import type { Permits } from "./permits.js"
 
 /**
  * Which records of a partition are handled one after another: all of them (`partition`), those with the same key
@@ -47,18 +48,26 @@ export const lanes = (
 }
 
 /**
- * A chunk handled lane by lane, at most `concurrency` lanes at a time (the caller holds one of the consumer's permits
- * around each handler call, which bounds handlers across partitions). The chunk is done when every lane is; the first
- * failure interrupts the other lanes and fails the chunk, which the policy then retries or ends with as it would a
- * chunk handled in order.
+ * A chunk handled lane by lane, lanes side by side: a few worker fibers take the lanes in turn (with many keys a lane
+ * is a record or two, and a fiber per lane would cost more than its records), each holding one of the consumer's
+ * `permits` while it works, which bounds the handler calls in flight over all partitions. The chunk is done when
+ * every lane is; the first failure interrupts the other workers and fails the chunk, which the policy then retries or
+ * ends with as it would a chunk handled in order.
  */
 export const concurrently = <E, R>(
   records: Chunk.Chunk<ConsumerRecord>,
   ordering: Exclude<Ordering, "partition">,
+  permits: Permits,
   concurrency: number,
   handle: (lane: Chunk.Chunk<ConsumerRecord>) => Effect.Effect<void, E, R>
 ): Effect.Effect<void, E, R> => {
   const split = lanes(records, ordering)
-  if (split.length === 1) return handle(split[0]!)
-  return Effect.forEach(split, handle, { concurrency, discard: true })
+  let next = 0
+  const work: Effect.Effect<void, E, R> = Effect.suspend(() =>
+    next >= split.length ? Effect.void : Effect.zipRight(handle(split[next++]!), work)
+  )
+  const worker = permits.withPermit(work)
+  const workers = Math.min(concurrency, split.length)
+  if (workers === 1) return worker
+  return Effect.all(Array.from({ length: workers }, () => worker), { concurrency: "unbounded", discard: true })
 }

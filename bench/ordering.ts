@@ -1,0 +1,156 @@
+/**
+ * Benchmark 9: per-key concurrency. A handler that waits 1 ms per record (asynchronous, as I/O would), records keyed
+ * over many keys on 6 partitions: `runEach` with `ordering: "key"` and `concurrency: 100` against `ordering:
+ * "partition"`, on the in-memory broker and on the real broker.
+ */
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as Layer from "effect/Layer"
+import * as ManagedRuntime from "effect/ManagedRuntime"
+import { CompressionTypes, Kafka, logLevel, Partitioners } from "kafkajs"
+import * as CommitPolicy from "../src/CommitPolicy.js"
+import * as Consumer from "../src/Consumer.js"
+import type { Driver } from "../src/Driver.js"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import { Counter, driverLayer, settings } from "./consumers.js"
+import { type BenchResult, compare, find, type Plan, ratioAtLeast, type Sample, timed } from "./harness.js"
+
+export interface OrderingSizes {
+  readonly records: number
+  readonly keys: number
+  readonly partitions: number
+  readonly concurrency: number
+}
+
+/** How long the handler waits per record. */
+const HANDLER_MILLIS = 1
+
+let seq = 0
+const fresh = (what: string) => `bench-${what}-${process.pid}-${++seq}-${crypto.randomUUID().slice(0, 8)}`
+
+/** The records: key `k<i mod keys>`, each key on its murmur2 partition, 256 B values. */
+const keyOf = (i: number, keys: number) => `k${i % keys}`
+
+/** One run: a fresh group reads the whole topic with a handler that waits 1 ms per record. */
+const runOnce = <E>(
+  runtime: ManagedRuntime.ManagedRuntime<Driver, E>,
+  topic: string,
+  records: number,
+  ordering: "partition" | "key",
+  concurrency: number
+): Promise<Sample> =>
+  runtime.runPromise(Effect.gen(function*() {
+    const done = yield* Deferred.make<void>()
+    const counter = new Counter(records, performance.now(), () => Deferred.unsafeDone(done, Exit.void))
+    const wait = Effect.sleep(Duration.millis(HANDLER_MILLIS))
+    const fiber = yield* Consumer.runEach(
+      {
+        groupId: fresh(`ordering-${ordering}`),
+        topics: [topic],
+        sessionTimeout: Duration.millis(settings.sessionTimeoutMs),
+        ...(ordering === "key" ? { ordering, concurrency } : {})
+      },
+      () => Effect.zipRight(wait, Effect.sync(() => counter.add(1)))
+    ).pipe(
+      Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1000, maxInterval: Duration.seconds(1) })),
+      Effect.fork
+    )
+    yield* Effect.raceFirst(Deferred.await(done), Fiber.join(fiber))
+    yield* Fiber.interrupt(fiber)
+    return counter.sample()
+  }))
+
+/** Both orderings on one broker, interleaved, and the result. */
+const measure = async <E>(
+  plan: Plan,
+  runtime: ManagedRuntime.ManagedRuntime<Driver, E>,
+  topic: string,
+  sizes: OrderingSizes,
+  id: string,
+  where: string
+): Promise<Omit<BenchResult, "elapsedSeconds" | "load">> => {
+  const variants = await compare(plan, [
+    { id: "partition", label: "partition ordering", run: () => runOnce(runtime, topic, sizes.records, "partition", 1) },
+    {
+      id: "key",
+      label: `key ordering, concurrency ${sizes.concurrency}`,
+      run: () => runOnce(runtime, topic, sizes.records, "key", sizes.concurrency)
+    }
+  ])
+  const ideal = sizes.concurrency * (1000 / HANDLER_MILLIS)
+  const key = find(variants, "key").median
+  return {
+    id,
+    title: `9. Per-key concurrency, ${where}: ${sizes.records.toLocaleString("en-US")} records, ` +
+      `${sizes.keys.toLocaleString("en-US")} keys, ${sizes.partitions} partitions`,
+    unit: "records/s",
+    warmup: plan.warmup,
+    rounds: plan.rounds,
+    variants,
+    checks: [
+      ratioAtLeast(variants, "key", "partition", 10),
+      { name: "key / ideal", value: key / ideal, target: "(reported)", hit: true }
+    ],
+    notes: [
+      `runEach, a handler that waits ${HANDLER_MILLIS} ms per record (Effect.sleep), commitAfter; key: ordering ` +
+      `"key", concurrency ${sizes.concurrency}; partition: the default ordering`,
+      `ideal for key: concurrency / handler time = ${ideal.toLocaleString("en-US")} records/s; records/s after ` +
+      "the first delivery, the join excluded"
+    ]
+  }
+}
+
+/** 9a. On the in-memory broker. */
+export const orderingInMemory = (plan: Plan, sizes: OrderingSizes): Promise<BenchResult> =>
+  timed(async () => {
+    plan.log(`9. per-key concurrency, in-memory broker, ${sizes.records.toLocaleString("en-US")} records`)
+    const runtime = ManagedRuntime.make(InMemoryKafka.layer())
+    try {
+      const topic = "ordering"
+      const value = new Uint8Array(256).fill(0x61)
+      await runtime.runPromise(Effect.gen(function*() {
+        yield* InMemoryKafka.createTopic(topic, sizes.partitions)
+        yield* InMemoryKafka.produce(
+          topic,
+          Array.from({ length: sizes.records }, (_, i) => ({ key: keyOf(i, sizes.keys), value }))
+        )
+      }))
+      return await measure(plan, runtime, topic, sizes, "ordering-inmemory", "in-memory broker")
+    } finally {
+      await runtime.dispose()
+    }
+  })
+
+/** 9b. On the real broker. */
+export const orderingKafka = (plan: Plan, brokers: string, sizes: OrderingSizes): Promise<BenchResult> =>
+  timed(async () => {
+    plan.log(`9. per-key concurrency, real broker, ${sizes.records.toLocaleString("en-US")} records`)
+    const kafka = new Kafka({ clientId: "bench-ordering", brokers: brokers.split(","), logLevel: logLevel.NOTHING })
+    const admin = kafka.admin()
+    await admin.connect()
+    const topic = fresh("ordering")
+    const runtime = ManagedRuntime.make(Layer.orDie(driverLayer(brokers)))
+    try {
+      await admin.createTopics({ topics: [{ topic, numPartitions: sizes.partitions }], waitForLeaders: true })
+      const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, allowAutoTopicCreation: false })
+      await producer.connect()
+      try {
+        const value = Buffer.alloc(256, 0x61)
+        for (let at = 0; at < sizes.records; at += 5_000) {
+          const messages = []
+          for (let i = at; i < Math.min(sizes.records, at + 5_000); i++) messages.push({ key: keyOf(i, sizes.keys), value })
+          await producer.send({ topic, acks: 1, compression: CompressionTypes.None, messages })
+        }
+      } finally {
+        await producer.disconnect()
+      }
+      return await measure(plan, runtime, topic, sizes, "ordering-kafka", "real broker")
+    } finally {
+      await runtime.dispose()
+      await admin.deleteTopics({ topics: [topic] }).catch(() => undefined)
+      await admin.disconnect()
+    }
+  })
