@@ -339,7 +339,13 @@ export const runEach = <E, R, EH = never, RH = never>(
       return runloop.run(
         resolved,
         (records) =>
-          concurrently(records, ordering, permits, resolved.concurrency, (lane) => Effect.forEach(lane, call, { discard: true })),
+          concurrently(
+            records,
+            ordering,
+            permits,
+            resolved.concurrency,
+            (lane) => Chunk.size(lane) === 1 ? call(Chunk.unsafeHead(lane)) : Effect.forEach(lane, call, { discard: true })
+          ),
         hooks
       )
     })

@@ -1,8 +1,11 @@
 import { assert, describe, expectTypeOf, it } from "@effect/vitest"
+import * as Cause from "effect/Cause"
 import * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
+import * as Option from "effect/Option"
+import * as Schedule from "effect/Schedule"
 import * as Stream from "effect/Stream"
 import * as TestClock from "effect/TestClock"
 import * as CommitPolicy from "../src/CommitPolicy.js"
@@ -11,7 +14,7 @@ import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { lanes } from "../src/internal/ordering.js"
 import * as Permits from "../src/internal/permits.js"
-import { ConfigError } from "../src/KafkaError.js"
+import { ConfigError, HandlerFailed } from "../src/KafkaError.js"
 import { settled } from "./support/kit.js"
 
 const withKafka = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.provide(effect, InMemoryKafka.layer())
@@ -147,6 +150,38 @@ describe("ordering: key", () => {
       assert.strictEqual(before.positions.size, 0, "nothing is committed while a record of the chunk is in flight")
       assert.strictEqual(handled, 20)
     })))
+})
+
+describe("ordering: failures", () => {
+  for (const ordering of ["key", "unordered"] as const) {
+    it.effect(`${ordering}: a handler that keeps failing ends the consumer with HandlerFailed naming its record, after retrying the chunk`, () =>
+      withKafka(Effect.gen(function*() {
+        yield* produceKeyed("failing", 30, 5)
+        const attempts = new Map<bigint, number>()
+        const fiber = yield* Consumer.runEach(
+          { groupId: "g", topics: ["failing"], ordering, concurrency: 4, retry: Schedule.recurs(2) },
+          (record) =>
+            Effect.suspend(() => {
+              attempts.set(record.offset, (attempts.get(record.offset) ?? 0) + 1)
+              return record.offset === 12n ? Effect.fail("refused" as const) : Effect.void
+            })
+        ).pipe(Effect.provide(commitAfter), Effect.fork)
+        // A consumer that skipped the failed chunk on a retry would go on forever: wait a bounded while, then look.
+        yield* settled("the consumer ended", Effect.map(Fiber.poll(fiber), Option.isSome), 20_000).pipe(
+          Effect.catchAll(() => Effect.void)
+        )
+        const error = yield* Fiber.interrupt(fiber).pipe(
+          Effect.zipRight(Fiber.await(fiber)),
+          Effect.map((exit) => exit._tag === "Failure" ? Cause.failureOption(exit.cause) : Option.none()),
+          Effect.map(Option.getOrUndefined)
+        )
+        assert.isTrue(error instanceof HandlerFailed && error.offset === 12n && error.cause === "refused", String(error))
+        // Each retry hands the failing record again: a retry that skipped its chunk would leave it at one attempt.
+        assert.strictEqual(attempts.get(12n), 3, "the record was tried once and retried twice")
+        const committed = yield* InMemoryKafka.committed("g")
+        assert.isTrue((committed.positions.get("failing-0") ?? 0n) <= 12n, "nothing is committed past the failed record")
+      })))
+  }
 })
 
 describe("ordering: settings", () => {

@@ -1,5 +1,7 @@
 import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
 import type { Permits } from "./permits.js"
 
@@ -12,9 +14,7 @@ export type Ordering = "partition" | "key" | "unordered"
 /** A key's bytes as a string that equals another key's exactly when their bytes do. */
 const keyText = (key: Uint8Array): string => {
   let text = ""
-  for (let at = 0; at < key.length; at += 4096) {
-    text += String.fromCharCode.apply(null, Array.from(key.subarray(at, at + 4096)))
-  }
+  for (let i = 0; i < key.length; i++) text += String.fromCharCode(key[i]!)
   return text
 }
 
@@ -48,11 +48,12 @@ export const lanes = (
 }
 
 /**
- * A chunk handled lane by lane, lanes side by side: a few worker fibers take the lanes in turn (with many keys a lane
- * is a record or two, and a fiber per lane would cost more than its records), each holding one of the consumer's
- * `permits` while it works, which bounds the handler calls in flight over all partitions. The chunk is done when
- * every lane is; the first failure interrupts the other workers and fails the chunk, which the policy then retries or
- * ends with as it would a chunk handled in order.
+ * A chunk handled lane by lane, lanes side by side: worker fibers take the lanes in turn (with many keys a lane is a
+ * record or two, and a fiber per lane would cost more than its records), each holding one of the consumer's `permits`
+ * while it works, which bounds the handler calls in flight over all partitions. A worker is started only once a
+ * permit is there, up to `concurrency` per chunk, and only while lanes are left. The chunk is done when every lane
+ * is; a failure ends it with the first failure met, the other workers interrupted, and the policy then retries the
+ * chunk or ends with it as it would a chunk handled in order.
  */
 export const concurrently = <E, R>(
   records: Chunk.Chunk<ConsumerRecord>,
@@ -62,12 +63,24 @@ export const concurrently = <E, R>(
   handle: (lane: Chunk.Chunk<ConsumerRecord>) => Effect.Effect<void, E, R>
 ): Effect.Effect<void, E, R> => {
   const split = lanes(records, ordering)
-  let next = 0
-  const work: Effect.Effect<void, E, R> = Effect.suspend(() =>
-    next >= split.length ? Effect.void : Effect.zipRight(handle(split[next++]!), work)
-  )
-  const worker = permits.withPermit(work)
-  const workers = Math.min(concurrency, split.length)
-  if (workers === 1) return worker
-  return Effect.all(Array.from({ length: workers }, () => worker), { concurrency: "unbounded", discard: true })
+  // Each run starts from the first lane: the policy runs the effect again to retry the chunk.
+  return Effect.suspend(() => {
+    let next = 0
+    const work: Effect.Effect<void, E, R> = Effect.suspend(() =>
+      next >= split.length ? Effect.void : Effect.zipRight(handle(split[next++]!), work)
+    )
+    if (split.length === 1) return permits.withPermit(work)
+    const workers: Array<Fiber.RuntimeFiber<void, E>> = []
+    const start: Effect.Effect<void, never, R> = Effect.suspend(() =>
+      next >= split.length || workers.length >= concurrency
+        ? Effect.void
+        : Effect.flatMap(permits.forkWithPermit(work), (fiber) => {
+          workers.push(fiber)
+          return start
+        })
+    )
+    return Effect.zipRight(start, Effect.forEach(workers, Fiber.join, { discard: true })).pipe(
+      Effect.onExit((exit) => Exit.isSuccess(exit) ? Effect.void : Fiber.interruptAll(workers))
+    )
+  })
 }

@@ -1,4 +1,5 @@
 import * as Effect from "effect/Effect"
+import type * as Fiber from "effect/Fiber"
 
 /** A fiber waiting for a permit. */
 interface Waiter {
@@ -18,6 +19,11 @@ interface Waiter {
  */
 export interface Permits {
   readonly withPermit: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+  /**
+   * Waits for a permit, then forks `effect` holding it (released when the fiber ends). `effect` is not started
+   * before a permit is there: a fiber is made only for work that can run.
+   */
+  readonly forkWithPermit: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<Fiber.RuntimeFiber<A, E>, never, R>
   /** Permits not taken, and fibers waiting (for tests). */
   readonly state: () => { readonly free: number; readonly waiting: number }
 }
@@ -63,6 +69,10 @@ export const make = (permits: number): Permits => {
   const releasing = Effect.sync(release)
 
   return {
+    forkWithPermit: (effect) =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.zipRight(restore(acquire), Effect.fork(Effect.ensuring(Effect.interruptible(effect), releasing)))
+      ),
     withPermit: (effect) =>
       Effect.uninterruptibleMask((restore) => Effect.zipRight(restore(acquire), Effect.ensuring(restore(effect), releasing))),
     state: () => ({ free, waiting: waiting.slice(head).filter((w) => !w.cancelled && !w.handed).length })
