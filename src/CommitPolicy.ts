@@ -57,6 +57,19 @@ export interface PolicyContext {
 }
 
 /**
+ * How far a partition whose records finish out of order has come.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface PartitionProgress {
+  /** The lowest offset not finished: the position a commit may carry, never past an unfinished record. */
+  readonly position: () => bigint
+  /** The offset ranges finished above the position, in order, apart (`until` excluded). */
+  readonly finished: () => ReadonlyArray<readonly [from: bigint, until: bigint]>
+}
+
+/**
  * A policy at work for one session of a consumer.
  *
  * @since 0.1.0
@@ -87,6 +100,19 @@ export interface PolicyInstance {
     work: Effect.Effect<void, E, R>,
     retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
   ) => Effect.Effect<void, E | PolicyError, R>
+  /**
+   * A policy that has this lets the records of a partition finish out of offset order under `key` and `unordered`
+   * ordering, across fetched chunks: instead of `process` per chunk, the runloop hands records to the handler as their
+   * keys come free, and tells the policy, as records finish, of the partition's progress (the lowest offset not
+   * finished, and the ranges finished above it). A policy without it has each chunk handled as one unit, its records
+   * side by side as the ordering allows.
+   */
+  readonly progressed?: (partition: TopicPartition, progress: PartitionProgress, records: number) => void
+  /**
+   * Ranges above a partition's start position that an earlier owner finished (read on assign): their records are not
+   * handled again.
+   */
+  readonly finishedOnAssign?: (partition: TopicPartition) => ReadonlyArray<readonly [from: bigint, until: bigint]>
   /** The partitions are being revoked: commit or store their final positions now. */
   readonly revoke: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void, PolicyError>
   /** The partitions are already gone: forget what was pending for them. */

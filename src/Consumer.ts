@@ -19,8 +19,6 @@ import type { CommitPolicy } from "./CommitPolicy.js"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { Driver, IsolationLevel } from "./Driver.js"
 import * as config from "./internal/config.js"
-import { concurrently, type Ordering } from "./internal/ordering.js"
-import * as Permits from "./internal/permits.js"
 import * as runloop from "./internal/runloop.js"
 import {
   type CommitFailed,
@@ -153,13 +151,7 @@ const duration = (field: string, input: Duration.DurationInput | undefined, fall
 const positiveInt = (field: string, input: number | undefined, fallback: number) =>
   input === undefined ? Effect.succeed(fallback) : config.positiveInt(field, input)
 
-/** The runloop's settings, and how `run` and `runEach` hand records to the handler. */
-interface Resolved extends runloop.Resolved {
-  readonly ordering: Ordering
-  readonly concurrency: number
-}
-
-const resolve = (config: Config): Effect.Effect<Resolved, ConfigError> =>
+const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =>
   Effect.gen(function*() {
     if (typeof config.groupId !== "string" || config.groupId.trim().length === 0) {
       return yield* new ConfigError({ field: "groupId", reason: "must be a non-empty string" })
@@ -262,7 +254,7 @@ const resolve = (config: Config): Effect.Effect<Resolved, ConfigError> =>
       offsetReset,
       reconnectTimeout,
       rejoin: config.rejoin ?? true
-    } satisfies Resolved
+    } satisfies runloop.Resolved
   })
 
 /**
@@ -303,17 +295,7 @@ export const run = <E, R, EH = never, RH = never>(
   Effect.flatMap(resolve(config), (resolved) => {
     const call = (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) =>
       Effect.mapError(handler(records, partition), (error) => new runloop.HandlerFailure(error, undefined))
-    const { ordering } = resolved
-    if (ordering === "partition") return runloop.run(resolved, call, hooks)
-    return Effect.suspend(() => {
-      const permits = Permits.make(resolved.concurrency)
-      return runloop.run(
-        resolved,
-        (records, partition) =>
-          concurrently(records, ordering, permits, resolved.concurrency, (lane) => call(lane, partition)),
-        hooks
-      )
-    })
+    return runloop.run(resolved, call, hooks)
   })
 
 /**
@@ -330,25 +312,11 @@ export const runEach = <E, R, EH = never, RH = never>(
   Effect.flatMap(resolve(config), (resolved) => {
     const call = (record: ConsumerRecord) =>
       Effect.mapError(handler(record), (error) => new runloop.HandlerFailure(error, record.offset))
-    const { ordering } = resolved
-    if (ordering === "partition") {
-      return runloop.run(resolved, (records) => Effect.forEach(records, call, { discard: true }), hooks)
-    }
-    return Effect.suspend(() => {
-      const permits = Permits.make(resolved.concurrency)
-      return runloop.run(
-        resolved,
-        (records) =>
-          concurrently(
-            records,
-            ordering,
-            permits,
-            resolved.concurrency,
-            (lane) => Chunk.size(lane) === 1 ? call(Chunk.unsafeHead(lane)) : Effect.forEach(lane, call, { discard: true })
-          ),
-        hooks
-      )
-    })
+    return runloop.run(
+      resolved,
+      (records) => Chunk.size(records) === 1 ? call(Chunk.unsafeHead(records)) : Effect.forEach(records, call, { discard: true }),
+      hooks
+    )
   })
 
 /**

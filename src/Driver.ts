@@ -112,6 +112,17 @@ export interface SessionOptions {
 export type IsolationLevel = "read_committed" | "read_uncommitted"
 
 /**
+ * A committed position and the metadata committed with it.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface CommittedPosition {
+  readonly position: bigint
+  readonly metadata: string
+}
+
+/**
  * One member's connection to the cluster. One fiber (the runloop) owns it: calls are not made concurrently, except
  * `commit`, which may run while `poll` waits. Heartbeats are the driver's own business and continue while records
  * are processed.
@@ -125,12 +136,17 @@ export interface DriverSession {
   /**
    * Commits positions (next offsets to read) as the group's committed offsets, all or nothing. Partitions this member
    * does not own are refused (`CommitFailed` with reason `NotOwned`, naming them), and nothing of the commit lands.
+   * A position's metadata (`OffsetBatch.metadata`) is committed with it; a position without one clears it.
    */
   readonly commit: (offsets: OffsetBatch) => Effect.Effect<void, CommitFailed>
   /** The group's committed positions for these partitions; absent when none was committed. */
   readonly committed: (
     partitions: ReadonlyArray<TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, bigint>, DriverError>
+  /** The group's committed positions with the metadata committed with each (`""` when none). */
+  readonly committedWithMetadata: (
+    partitions: ReadonlyArray<TopicPartition>
+  ) => Effect.Effect<ReadonlyMap<string, CommittedPosition>, DriverError>
   /** The earliest and latest offsets of each partition's log, keyed by `TopicPartition.key`. */
   readonly offsets: (
     partitions: ReadonlyArray<TopicPartition>

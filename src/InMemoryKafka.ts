@@ -18,7 +18,14 @@ import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
-import { Driver, type DriverEvent, type DriverSession, type PartitionOffsets, type SessionOptions } from "./Driver.js"
+import {
+  type CommittedPosition,
+  Driver,
+  type DriverEvent,
+  type DriverSession,
+  type PartitionOffsets,
+  type SessionOptions
+} from "./Driver.js"
 import { type CrashPoint, Faults } from "./Faults.js"
 import * as groups from "./internal/memoryGroups.js"
 import * as memoryLog from "./internal/memoryLog.js"
@@ -120,6 +127,8 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
   /** The earliest and latest offsets of each partition of the topic. */
   readonly offsets: (topic: string) => Effect.Effect<ReadonlyArray<PartitionOffsets>, DriverError>
   readonly committed: (groupId: string) => Effect.Effect<ReadonlyMap<string, bigint>>
+  /** The metadata committed with the group's positions, where there is any. */
+  readonly committedMetadata: (groupId: string) => Effect.Effect<ReadonlyMap<string, string>>
   readonly members: (groupId: string) => Effect.Effect<ReadonlyArray<GroupMember>>
   /** The generation of the group's current assignment; it grows by one with every completed rebalance. */
   readonly generation: (groupId: string) => Effect.Effect<number>
@@ -438,7 +447,12 @@ const makeBroker = (options: Options) =>
           const group = groupOf(member.groupId)
           const refused = groups.refuseCommit(member, group, offsets)
           if (refused !== undefined) return Effect.fail(refused)
-          for (const [k, position] of offsets.positions) group.committed.set(k, position)
+          for (const [k, position] of offsets.positions) {
+            group.committed.set(k, position)
+            const metadata = offsets.metadata?.get(k)
+            if (metadata === undefined || metadata === "") group.metadata.delete(k)
+            else group.metadata.set(k, metadata)
+          }
           return Effect.void
         }
 
@@ -467,6 +481,17 @@ const makeBroker = (options: Options) =>
               for (const tp of tps) {
                 const position = group.committed.get(TopicPartition.key(tp))
                 if (position !== undefined) out.set(TopicPartition.key(tp), position)
+              }
+              return out
+            }),
+          committedWithMetadata: (tps) =>
+            reachableOr("committed", () => {
+              const group = groupOf(member.groupId)
+              const out = new Map<string, CommittedPosition>()
+              for (const tp of tps) {
+                const k = TopicPartition.key(tp)
+                const position = group.committed.get(k)
+                if (position !== undefined) out.set(k, { position, metadata: group.metadata.get(k) ?? "" })
               }
               return out
             }),
@@ -659,6 +684,7 @@ const makeBroker = (options: Options) =>
       endOffsets: (topic) => Effect.map(topicOf("endOffsets", topic), (t) => t.partitions.map((p) => p.end)),
       offsets: (topic) => Effect.map(topicOf("offsets", topic), (t) => t.partitions.map(memoryLog.offsets)),
       committed: (groupId) => Effect.sync(() => new Map(groupOf(groupId).committed)),
+      committedMetadata: (groupId) => Effect.sync(() => new Map(groupOf(groupId).metadata)),
       members: (groupId) =>
         Effect.sync(() => groupOf(groupId).members.map((m) => ({ memberId: m.id, partitions: [...m.assigned] }))),
       generation: (groupId) => Effect.sync(() => groupOf(groupId).generation),
@@ -738,6 +764,7 @@ const makeBroker = (options: Options) =>
               const group = groupOf(groupId)
               for (const { next, partition, topic } of positions) {
                 group.committed.set(TopicPartition.key({ topic, partition }), next)
+                group.metadata.delete(TopicPartition.key({ topic, partition }))
               }
             }
           }
@@ -833,16 +860,18 @@ export const produceTransaction = (
   Effect.flatMap(InMemoryKafka, (kafka) => kafka.produceTransaction(topic, records, outcome))
 
 /**
- * The group's committed positions as a batch.
+ * The group's committed positions as a batch, with the metadata committed with them.
  *
  * @since 0.1.0
  * @category accessors
  */
 export const committed = (groupId: string): Effect.Effect<OffsetBatch.OffsetBatch, never, InMemoryKafka> =>
-  Effect.map(InMemoryKafka, (kafka) => kafka.committed(groupId)).pipe(
-    Effect.flatten,
-    Effect.map((positions) => ({ positions }))
-  )
+  Effect.flatMap(InMemoryKafka, (kafka) =>
+    Effect.zipWith(
+      kafka.committed(groupId),
+      kafka.committedMetadata(groupId),
+      (positions, metadata): OffsetBatch.OffsetBatch => metadata.size === 0 ? { positions } : { positions, metadata }
+    ))
 
 /**
  * A batch written through `produce`: partitions chosen as the Java client does, unknown topics and partitions refused

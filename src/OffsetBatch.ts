@@ -13,6 +13,11 @@ import * as TopicPartition from "./TopicPartition.js"
  */
 export interface OffsetBatch {
   readonly positions: ReadonlyMap<string, bigint>
+  /**
+   * Metadata committed with a partition's position (the offset commit's metadata string), by partition key. It
+   * belongs to its position: a batch that moves a partition to a higher position drops the metadata of the lower one.
+   */
+  readonly metadata?: ReadonlyMap<string, string>
 }
 
 /**
@@ -56,8 +61,36 @@ export const add: {
   if (current !== undefined && current >= position) return self
   const positions = new Map(self.positions)
   positions.set(k, position)
-  return { positions }
+  if (self.metadata === undefined || !self.metadata.has(k)) return withMetadata(positions, self.metadata)
+  const metadata = new Map(self.metadata)
+  metadata.delete(k)
+  return withMetadata(positions, metadata)
 })
+
+const withMetadata = (
+  positions: ReadonlyMap<string, bigint>,
+  metadata: ReadonlyMap<string, string> | undefined
+): OffsetBatch => metadata === undefined || metadata.size === 0 ? { positions } : { positions, metadata }
+
+/**
+ * A position with the metadata to commit with it.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const ofMetadata = (tp: TopicPartition.TopicPartition, position: bigint, metadata: string): OffsetBatch => ({
+  positions: new Map([[TopicPartition.key(tp), position]]),
+  metadata: new Map([[TopicPartition.key(tp), metadata]])
+})
+
+/**
+ * The metadata a batch commits with a partition's position, when it has any.
+ *
+ * @since 0.1.0
+ * @category accessors
+ */
+export const metadataOf = (self: OffsetBatch, tp: TopicPartition.TopicPartition): string | undefined =>
+  self.metadata?.get(TopicPartition.key(tp))
 
 /**
  * Merges two batches, keeping the highest position per partition.
@@ -72,11 +105,16 @@ export const merge: {
   if (that.positions.size === 0) return self
   if (self.positions.size === 0) return that
   const positions = new Map(self.positions)
+  const metadata = new Map(self.metadata ?? [])
   for (const [k, position] of that.positions) {
     const current = positions.get(k)
-    if (current === undefined || position > current) positions.set(k, position)
+    if (current !== undefined && position <= current) continue
+    positions.set(k, position)
+    const text = that.metadata?.get(k)
+    if (text === undefined) metadata.delete(k)
+    else metadata.set(k, text)
   }
-  return { positions }
+  return withMetadata(positions, metadata)
 })
 
 /**
@@ -90,8 +128,12 @@ export const without: {
   (self: OffsetBatch, tps: Iterable<TopicPartition.TopicPartition>): OffsetBatch
 } = dual(2, (self: OffsetBatch, tps: Iterable<TopicPartition.TopicPartition>): OffsetBatch => {
   const positions = new Map(self.positions)
-  for (const tp of tps) positions.delete(TopicPartition.key(tp))
-  return { positions }
+  const metadata = new Map(self.metadata ?? [])
+  for (const tp of tps) {
+    positions.delete(TopicPartition.key(tp))
+    metadata.delete(TopicPartition.key(tp))
+  }
+  return withMetadata(positions, metadata)
 })
 
 /**

@@ -433,6 +433,35 @@ export const driverSuite = (
         assert.deepStrictEqual(offsetsOf(second, topic, 1), [5n])
       }).pipe(Effect.provide(env)), testTimeout)
 
+    it.scopedLive("a position's metadata is committed with it and read back by the next session; a commit without one clears it", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("metadata")
+        const group = unique("group")
+        yield* kit.createTopic(topic, 2)
+        yield* kit.produce(topic, 0, values(0, 0, 5))
+        const finished = "fin1:2.3," + "z".repeat(3000)
+        yield* Effect.scoped(Effect.gen(function*() {
+          const first = yield* join("first", group, topics(topic))
+          yield* pollUntil([first], "5 records", () => total(first) >= 5)
+          yield* first.session.commit({
+            positions: new Map([[k(topic, 0), 1n], [k(topic, 1), 0n]]),
+            metadata: new Map([[k(topic, 0), finished]])
+          })
+          const seen = yield* first.session.committedWithMetadata([tp(topic, 0), tp(topic, 1)])
+          assert.deepStrictEqual(seen.get(k(topic, 0)), { position: 1n, metadata: finished })
+          assert.deepStrictEqual(seen.get(k(topic, 1)), { position: 0n, metadata: "" })
+        }))
+        const second = yield* join("second", group, topics(topic))
+        yield* pollUntil([second], "2 partitions", () => second.owned.size === 2)
+        const read = yield* second.session.committedWithMetadata([tp(topic, 0), tp(topic, 1)])
+        assert.deepStrictEqual(read.get(k(topic, 0)), { position: 1n, metadata: finished })
+        yield* second.session.commit(OffsetBatch.of(tp(topic, 0), 2n))
+        const cleared = yield* second.session.committedWithMetadata([tp(topic, 0)])
+        assert.deepStrictEqual(cleared.get(k(topic, 0)), { position: 2n, metadata: "" })
+        assert.deepStrictEqual((yield* second.session.committed([tp(topic, 0)])).get(k(topic, 0)), 2n)
+      }).pipe(Effect.provide(env)), testTimeout)
+
     it.scopedLive("one poll returns at most maxPollRecords records of a partition, in order", () =>
       Effect.gen(function*() {
         const kit = yield* DriverTestKit

@@ -8,7 +8,7 @@ import * as Mailbox from "effect/Mailbox"
 import * as Schedule from "effect/Schedule"
 import * as Exit from "effect/Exit"
 import * as Scope from "effect/Scope"
-import type { PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
+import type { PartitionProgress, PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
 import { CommitPolicy } from "../CommitPolicy.js"
 import type { DriverSession } from "../Driver.js"
 import { type CommitFailed, ProduceFailed, TransactionFailed } from "../KafkaError.js"
@@ -16,6 +16,7 @@ import * as OffsetBatch from "../OffsetBatch.js"
 import { OffsetStore, Transaction } from "../OffsetStore.js"
 import { Producer, type TransactionalProducer, TransactionalProducers } from "../Producer.js"
 import * as TopicPartition from "../TopicPartition.js"
+import * as Progress from "./progress.js"
 import { retryAfterFailure } from "./retry.js"
 import { OutsideUnit } from "./unitBuffer.js"
 
@@ -56,6 +57,8 @@ const makeCommitter = (context: PolicyContext) =>
   Effect.map(Effect.makeSemaphore(1), (lock) => {
     // Mutable and private: adding a position is a map write, not a copy of the batch.
     let pending = new Map<string, bigint>()
+    // Partitions whose records finish out of order: their position and finished ranges are read at the commit.
+    let tracked = new Map<string, PartitionProgress>()
     let count = 0
     const owned = new Set<string>()
     let failingSince: number | undefined
@@ -70,12 +73,13 @@ const makeCommitter = (context: PolicyContext) =>
 
     const attempt = (
       positions: Map<string, bigint>,
+      metadata: ReadonlyMap<string, string>,
       final: ReadonlySet<string>
     ): Effect.Effect<void, CommitFailed> =>
       Effect.suspend(() => {
         for (const k of positions.keys()) if (!owned.has(k)) positions.delete(k)
         if (positions.size === 0) return Effect.void
-        return retryAfterFailure(context.session.commit({ positions }), {
+        return retryAfterFailure(context.session.commit({ positions, metadata }), {
           schedule: commitRetry,
           retryable: (error) => error.retriable
         }).pipe(
@@ -84,13 +88,14 @@ const makeCommitter = (context: PolicyContext) =>
               Effect.sync(() => {
                 failingSince = undefined
               }),
-            onFailure: (error) => refused(positions, final, error)
+            onFailure: (error) => refused(positions, metadata, final, error)
           })
         )
       })
 
     const refused = (
       positions: Map<string, bigint>,
+      metadata: ReadonlyMap<string, string>,
       final: ReadonlySet<string>,
       error: CommitFailed
     ): Effect.Effect<void, CommitFailed> => {
@@ -106,7 +111,7 @@ const makeCommitter = (context: PolicyContext) =>
             `positions of ${keys(gone)} dropped: this member no longer owns them; their next owner repeats what was ` +
               "handled since their last commit"
           ),
-          positions.size > 0 ? attempt(positions, final) : Effect.void
+          positions.size > 0 ? attempt(positions, metadata, final) : Effect.void
         )
       }
       // A stale generation or an unknown member: none of the member's partitions is its own any more, though its
@@ -115,6 +120,7 @@ const makeCommitter = (context: PolicyContext) =>
       if (error.notOwned) {
         owned.clear()
         pending = new Map()
+        tracked = new Map()
         return Effect.fail(error)
       }
       if (!error.retriable) return Effect.fail(error)
@@ -137,14 +143,22 @@ const makeCommitter = (context: PolicyContext) =>
 
     const flushWith = (final: ReadonlySet<string>) =>
       lock.withPermits(1)(Effect.suspend(() => {
-        if (pending.size === 0) return Effect.void
+        if (pending.size === 0 && tracked.size === 0) return Effect.void
         const positions = pending
+        const metadata = new Map<string, string>()
+        for (const [k, progress] of tracked) {
+          const position = progress.position()
+          positions.set(k, position)
+          const finished = Progress.encode(position, progress.finished())
+          if (finished !== "") metadata.set(k, finished)
+        }
         pending = new Map()
+        tracked = new Map()
         count = 0
         const partitions = partitionsOf(positions)
         return andThen(
           context.crashAt("beforeCommit", partitions),
-          andThen(context.guard(attempt(positions, final)), context.crashAt("afterCommit", partitions))
+          andThen(context.guard(attempt(positions, metadata, final)), context.crashAt("afterCommit", partitions))
         )
       }))
 
@@ -157,6 +171,14 @@ const makeCommitter = (context: PolicyContext) =>
         if (!owned.has(k)) return count
         const current = pending.get(k)
         if (current === undefined || position > current) pending.set(k, position)
+        count += records
+        return count
+      },
+      /** A partition whose records finish out of order has come further; `records` more of them finished. */
+      unsafeTrack: (partition: TopicPartition.TopicPartition, progress: PartitionProgress, records: number): number => {
+        const k = TopicPartition.key(partition)
+        if (!owned.has(k)) return count
+        tracked.set(k, progress)
         count += records
         return count
       },
@@ -173,6 +195,7 @@ const makeCommitter = (context: PolicyContext) =>
             for (const k of revoked) {
               owned.delete(k)
               pending.delete(k)
+              tracked.delete(k)
             }
           })))
         }),
@@ -181,6 +204,7 @@ const makeCommitter = (context: PolicyContext) =>
           for (const tp of partitions) {
             owned.delete(TopicPartition.key(tp))
             pending.delete(TopicPartition.key(tp))
+            tracked.delete(TopicPartition.key(tp))
           }
         })
     } as const
@@ -271,6 +295,8 @@ export const autoCommit = (
           yield* context.guard(retry(work))
           yield* context.crashAt("afterHandler", [partition])
         }),
+      // Positions follow what was fetched, not what finished: records may finish in any order.
+      progressed: () => {},
       // kafka-clients commits synchronously before a rebalance when auto commit is on.
       revoke: committer.revoke,
       lost: committer.forget
@@ -308,10 +334,35 @@ export const commitAfter = (
         return Effect.sleep(maxInterval)
       }).pipe(Effect.forever)
     )
+    // Ranges the previous owners finished above their committed positions, read on assign, taken by the runloop.
+    const finishedBefore = new Map<string, ReadonlyArray<Progress.Range>>()
     return {
       name: "commitAfter",
       assign: (partitions) =>
-        Effect.zipRight(committer.assign(partitions), kafkaStartPositions(context.session, partitions)),
+        Effect.zipRight(
+          committer.assign(partitions),
+          Effect.map(context.session.committedWithMetadata(partitions), (committed) => {
+            const positions = new Map<string, bigint>()
+            for (const [k, { metadata, position }] of committed) {
+              positions.set(k, position)
+              const finished = Progress.decode(position, metadata)
+              if (finished.length > 0) finishedBefore.set(k, finished)
+              else finishedBefore.delete(k)
+            }
+            return positions
+          })
+        ),
+      finishedOnAssign: (partition) => {
+        const k = TopicPartition.key(partition)
+        const finished = finishedBefore.get(k) ?? []
+        finishedBefore.delete(k)
+        return finished
+      },
+      // Records finishing out of order: the commit carries the lowest unfinished offset as the position and the
+      // ranges finished above it as the position's metadata.
+      progressed: (partition, progress, records) => {
+        if (committer.unsafeTrack(partition, progress, records) >= maxBatch) due.unsafeOffer(undefined)
+      },
       delivered: () => Effect.void,
       polled: Effect.void,
       // Runs once per chunk: combinators rather than a generator, and the bookkeeping after the handler is one

@@ -11,7 +11,7 @@ import * as Runtime from "effect/Runtime"
 import type * as Scope from "effect/Scope"
 import { AssignerProtocol, PartitionAssigners } from "kafkajs"
 import type { Consumer, EachBatchPayload, LogEntry, PartitionAssigner } from "kafkajs"
-import type { DriverEvent, DriverSession, PartitionOffsets, SessionOptions } from "../Driver.js"
+import type { CommittedPosition, DriverEvent, DriverSession, PartitionOffsets, SessionOptions } from "../Driver.js"
 import { CommitFailed, DriverError } from "../KafkaError.js"
 import * as OffsetBatch from "../OffsetBatch.js"
 import * as TopicPartition from "../TopicPartition.js"
@@ -429,7 +429,8 @@ export const connect = (
               entries.map(([tp, position]) => ({
                 topic: tp.topic,
                 partition: tp.partition,
-                offset: position.toString()
+                offset: position.toString(),
+                metadata: offsets.metadata?.get(TopicPartition.key(tp)) ?? null
               }))
             ),
           catch: (cause) => commitFailed(cause, partitions)
@@ -445,11 +446,11 @@ export const connect = (
         )
       })
 
-    const committed = (
+    const committedWithMetadata = (
       partitions: ReadonlyArray<TopicPartition.TopicPartition>
-    ): Effect.Effect<ReadonlyMap<string, bigint>, DriverError> =>
+    ): Effect.Effect<ReadonlyMap<string, CommittedPosition>, DriverError> =>
       Effect.gen(function*() {
-        const out = new Map<string, bigint>()
+        const out = new Map<string, CommittedPosition>()
         const wanted = byTopic(partitions)
         if (wanted.size === 0) return out
         const response = yield* Effect.tryPromise({
@@ -458,16 +459,25 @@ export const connect = (
         })
         for (const { topic, partitions: list } of response) {
           const want = wanted.get(topic)
-          for (const { partition, offset } of list) {
+          for (const { partition, offset, metadata } of list) {
             if (want === undefined || !want.includes(partition)) continue
             const key = k(topic, partition)
             const position = BigInt(offset)
-            if (position >= 0n) out.set(key, position)
+            if (position >= 0n) out.set(key, { position, metadata: metadata ?? "" })
             if (!owned.has(key)) continue
             if (position >= 0n) committedPositions.set(key, position)
             else committedPositions.delete(key)
           }
         }
+        return out
+      })
+
+    const committed = (
+      partitions: ReadonlyArray<TopicPartition.TopicPartition>
+    ): Effect.Effect<ReadonlyMap<string, bigint>, DriverError> =>
+      Effect.map(committedWithMetadata(partitions), (found) => {
+        const out = new Map<string, bigint>()
+        for (const [key, { position }] of found) out.set(key, position)
         return out
       })
 
@@ -605,6 +615,7 @@ export const connect = (
       poll,
       commit,
       committed,
+      committedWithMetadata,
       offsets,
       seek: fetcher.seek,
       pause,

@@ -45,6 +45,8 @@ export interface Group {
   generation: number
   rebalancing: boolean
   readonly committed: Map<string, bigint>
+  /** The metadata committed with a position, when it had any. */
+  readonly metadata: Map<string, string>
   /** Commit refusals injected by a test: each refuses one commit with this reason. */
   readonly refusals: Array<CommitFailureReason>
 }
@@ -68,7 +70,7 @@ export const makeCoordinator = (
   const groupOf = (id: string): Group => {
     let group = groups.get(id)
     if (group === undefined) {
-      group = { id, members: [], generation: 0, rebalancing: false, committed: new Map(), refusals: [] }
+      group = { id, members: [], generation: 0, rebalancing: false, committed: new Map(), metadata: new Map(), refusals: [] }
       groups.set(id, group)
     }
     return group

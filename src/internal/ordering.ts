@@ -12,7 +12,7 @@ import type { Permits } from "./permits.js"
 export type Ordering = "partition" | "key" | "unordered"
 
 /** A key's bytes as a string that equals another key's exactly when their bytes do. */
-const keyText = (key: Uint8Array): string => {
+export const keyText = (key: Uint8Array): string => {
   let text = ""
   for (let i = 0; i < key.length; i++) text += String.fromCharCode(key[i]!)
   return text

@@ -6,6 +6,7 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
+import * as FiberId from "effect/FiberId"
 import * as Mailbox from "effect/Mailbox"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
@@ -26,6 +27,9 @@ import {
 } from "../KafkaError.js"
 import { Fenced } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
+import { concurrently, keyText, type Ordering } from "./ordering.js"
+import * as Permits from "./permits.js"
+import { Progress } from "./progress.js"
 import { retryAfterFailure } from "./retry.js"
 
 /** Where a partition starts when it has no position, or one outside its log. */
@@ -42,7 +46,18 @@ export interface Resolved {
   readonly offsetReset: OffsetReset
   readonly reconnectTimeout: Duration.Duration
   readonly rejoin: boolean
+  /** Which records of a partition are handled one after another. */
+  readonly ordering: Ordering
+  /** Under `key` and `unordered` ordering, the most handler calls in flight over all partitions. */
+  readonly concurrency: number
 }
+
+/**
+ * How many records of a partition may lie between its lowest unfinished offset and the last one fetched, as a multiple
+ * of `bufferSize`, when records finish out of order: past it the partition is paused, so that one slow key cannot make
+ * the window (and what a crash repeats) grow without bound.
+ */
+const windowPerBuffer = 10
 
 export interface Hooks<E, R> {
   readonly onAssign?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R | Scope.Scope>
@@ -109,6 +124,15 @@ interface PartitionState {
   paused: boolean
   stopping: boolean
   worker: Fiber.RuntimeFiber<void> | undefined
+  /** When records finish out of order: the lowest unfinished offset and the ranges finished above it. */
+  readonly progress: Progress | undefined
+}
+
+/** Records of one key (or one record without a key, or any one record when unordered) waiting to be handled. */
+interface Lane {
+  readonly key: string | undefined
+  records: Array<ConsumerRecord>
+  indexes: Array<number>
 }
 
 /**
@@ -118,6 +142,13 @@ interface PartitionState {
  */
 const within = <A, E, R>(effect: Effect.Effect<A, E, R>, duration: Duration.Duration) =>
   Effect.disconnect(Effect.interruptible(Effect.timeoutOption(Effect.disconnect(effect), duration)))
+
+/** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
+const andThen = <E1, R1, E2, R2>(
+  first: Effect.Effect<void, E1, R1>,
+  second: Effect.Effect<void, E2, R2>
+): Effect.Effect<void, E1 | E2, R1 | R2> =>
+  first === Effect.void ? second : second === Effect.void ? first : Effect.zipRight(first, second)
 
 const keysOf = (states: ReadonlyArray<PartitionState>) => states.map((s) => s.key).join(", ")
 
@@ -154,6 +185,7 @@ export const run = <E, R, EH, RH>(
       commitPolicy,
       faults,
       abandoned,
+      permits: Permits.make(config.concurrency),
       connected: () => {
         backoff = undefined
       }
@@ -186,6 +218,8 @@ interface Environment {
   readonly commitPolicy: Context.Tag.Service<CommitPolicy>
   readonly faults: Option.Option<Context.Tag.Service<Faults>>
   readonly abandoned: Map<string, Fiber.RuntimeFiber<void>>
+  /** Bounds the handler calls in flight over all partitions under `key` and `unordered` ordering. */
+  readonly permits: Permits.Permits
   /** The session polled: the cluster can be reached. */
   readonly connected: () => void
 }
@@ -247,6 +281,19 @@ const runSession = <E, R, EH, RH>(
     const policy: PolicyInstance = yield* env.commitPolicy.make(policyContext)
     const owned = new Map<string, PartitionState>()
     const maxPoll = config.session.maxPollRecords
+    const { ordering, concurrency } = config
+    const { permits } = env
+    // Records finish out of order, across chunks, when the ordering allows it and the policy can commit that way.
+    const progressed = ordering === "partition" ? undefined : policy.progressed
+    const maxWindow = windowPerBuffer * config.bufferSize
+    /** Whether the partition may fetch more: records not finished, and the window behind them, stay bounded. */
+    const roomFor = (state: PartitionState) =>
+      state.outstanding + maxPoll <= config.bufferSize &&
+      (state.progress === undefined || state.progress.window + maxPoll <= maxWindow)
+    // A policy that handles a chunk as a unit: the chunk's records side by side, as the ordering allows.
+    const chunkWork: Work<E, R> = ordering === "partition" || progressed !== undefined
+      ? work
+      : (records, tp) => concurrently(records, ordering, permits, concurrency, (lane) => work(lane, tp))
 
     // A failed handler is retried on the same chunk; a policy's failure (a refused commit, a fence) is not its to retry.
     const retry = <E2, R2>(effect: Effect.Effect<void, E2, R2>) =>
@@ -254,7 +301,7 @@ const runSession = <E, R, EH, RH>(
 
     const maybeResume = (state: PartitionState): Effect.Effect<void> =>
       !state.paused ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
-        if (!state.paused || state.stopping || state.outstanding + maxPoll > config.bufferSize) return Effect.void
+        if (!state.paused || state.stopping || !roomFor(state)) return Effect.void
         state.paused = false
         return guard(session.resume([state.tp]))
       }))
@@ -294,7 +341,7 @@ const runSession = <E, R, EH, RH>(
         if (state.stopping || (done && at === Chunk.size(chunks))) return Effect.void
         if (at === Chunk.size(chunks)) return loop
         const { next: position, records } = Chunk.unsafeGet(chunks, at)
-        const handled = Chunk.isEmpty(records) ? Effect.void : work(records, tp)
+        const handled = Chunk.isEmpty(records) ? Effect.void : chunkWork(records, tp)
         return policy.process(tp, records, position, handled, retry).pipe(
           Effect.catchAll((error) => failed(state, records, error)),
           Effect.flatMap(() => {
@@ -305,6 +352,139 @@ const runSession = <E, R, EH, RH>(
           })
         )
       }
+      return loop
+    }
+
+    // Records finishing out of order. The worker takes the fetched chunks as they come and puts each record in its
+    // lane (its key's, or one of its own); lanes are handled by worker fibers, each holding a permit while it works,
+    // up to `concurrency` per partition. A lane's records that arrive while it is handled wait in it, and its worker
+    // takes them next, so that a key's records are handled in offset order. As records finish, the policy is told of
+    // the partition's progress. On revoke the worker takes nothing new: lanes in flight finish, the rest is left to
+    // the partition's next owner.
+    const pipelineWorker = (
+      state: PartitionState,
+      tell: NonNullable<PolicyInstance["progressed"]>
+    ): Effect.Effect<void, never, R> => {
+      const tp = state.tp
+      const progress = state.progress!
+      const byKey = new Map<string, Lane>()
+      let ready: Array<Lane | undefined> = []
+      let readyAt = 0
+      let running = 0
+      let idle: Deferred.Deferred<void> | undefined
+
+      const take = (): Lane | undefined => {
+        if (readyAt === ready.length) {
+          if (readyAt > 0) {
+            ready = []
+            readyAt = 0
+          }
+          return undefined
+        }
+        const lane = ready[readyAt]!
+        ready[readyAt++] = undefined
+        return lane
+      }
+
+      type Step = Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin, R>
+      const handleLane = (lane: Lane): Step => {
+        const records = Chunk.unsafeFromArray(lane.records)
+        const indexes = lane.indexes
+        lane.records = []
+        lane.indexes = []
+        const handled = andThen(
+          crashAt("beforeHandler", [tp]),
+          andThen(guard(retry(work(records, tp))), crashAt("afterHandler", [tp]))
+        )
+        return handled.pipe(
+          Effect.catchAll((error) => failed(state, records, error)),
+          Effect.flatMap(() => {
+            for (const index of indexes) progress.finish(index)
+            state.outstanding -= indexes.length
+            tell(tp, progress, indexes.length)
+            const more = lane.records.length > 0 && !state.stopping ? handleLane(lane) : Effect.suspend(() => {
+              if (lane.key !== undefined) byKey.delete(lane.key)
+              return lanes
+            })
+            return state.paused ? Effect.zipRight(maybeResume(state), more) : more
+          })
+        )
+      }
+      const lanes: Step = Effect.suspend(() => {
+        const lane = state.stopping ? undefined : take()
+        return lane === undefined ? Effect.void : handleLane(lane)
+      })
+      const laneWorker = lanes.pipe(
+        Effect.catchAllCause(report),
+        Effect.ensuring(Effect.sync(() => {
+          running--
+          if (running === 0 && idle !== undefined) Deferred.unsafeDone(idle, Exit.void)
+        }))
+      )
+      const start: Effect.Effect<void, never, R> = Effect.suspend(() => {
+        if (readyAt === ready.length || running >= concurrency || state.stopping) return Effect.void
+        running++
+        return Effect.flatMap(permits.forkWithPermit(laneWorker), () => start)
+      })
+
+      const place = (record: ConsumerRecord, index: number) => {
+        if (ordering === "key" && record.key !== null) {
+          const key = keyText(record.key)
+          const lane = byKey.get(key)
+          if (lane !== undefined) {
+            lane.records.push(record)
+            lane.indexes.push(index)
+            return
+          }
+          const fresh: Lane = { key, records: [record], indexes: [index] }
+          byKey.set(key, fresh)
+          ready.push(fresh)
+          return
+        }
+        ready.push({ key: undefined, records: [record], indexes: [index] })
+      }
+
+      const dispatch = (chunks: Chunk.Chunk<Fetched>) => {
+        let finished = 0
+        let moved = false
+        for (const { next, records } of chunks) {
+          if (Chunk.isEmpty(records)) {
+            progress.add(next, true)
+            moved = true
+            continue
+          }
+          const all = Chunk.toReadonlyArray(records)
+          for (let i = 0; i < all.length; i++) {
+            const record = all[i]!
+            const until = i + 1 < all.length ? all[i + 1]!.offset : next
+            if (progress.finishedBefore(record.offset)) {
+              progress.add(until, true)
+              finished++
+              moved = true
+              continue
+            }
+            place(record, progress.add(until, false))
+          }
+        }
+        if (finished > 0) state.outstanding -= finished
+        if (moved) tell(tp, progress, finished)
+      }
+
+      const drain = Effect.suspend(() => {
+        if (running === 0) return Effect.void
+        idle = Deferred.unsafeMake<void>(FiberId.none)
+        return Deferred.await(idle)
+      })
+
+      const loop: Effect.Effect<void, never, R> = Effect.flatMap(state.queue.takeAll, ([chunks, done]) => {
+        if (!state.stopping) dispatch(chunks)
+        if (done || state.stopping) return drain
+        // Records an earlier owner finished leave at once, and may make room; a window grown too wide pauses.
+        const room = roomFor(state)
+          ? (state.paused ? maybeResume(state) : Effect.void)
+          : (state.paused ? Effect.void : pause(state))
+        return Effect.zipRight(Effect.zipRight(room, start), loop)
+      })
       return loop
     }
 
@@ -376,13 +556,14 @@ const runSession = <E, R, EH, RH>(
             outstanding: 0,
             paused: false,
             stopping: false,
-            worker: undefined
+            worker: undefined,
+            progress: progressed === undefined ? undefined : new Progress(position, policy.finishedOnAssign?.(tp))
           }
           owned.set(key, state)
           if (hooks.onAssign !== undefined) {
             yield* hooks.onAssign(tp).pipe(Scope.extend(state.scope))
           }
-          state.worker = yield* worker(state).pipe(
+          state.worker = yield* (progressed === undefined ? worker(state) : pipelineWorker(state, progressed)).pipe(
             Effect.catchAllCause(report),
             Effect.forkIn(state.scope)
           )
@@ -499,7 +680,7 @@ const runSession = <E, R, EH, RH>(
 
     const pause = (state: PartitionState) =>
       state.lock.withPermits(1)(Effect.suspend(() => {
-        if (state.paused || state.outstanding + maxPoll <= config.bufferSize) return Effect.void
+        if (state.paused || roomFor(state)) return Effect.void
         state.paused = true
         return session.pause([state.tp])
       }))
@@ -539,7 +720,7 @@ const runSession = <E, R, EH, RH>(
       state.outstanding += Chunk.size(records)
       state.queue.unsafeOffer({ records, next: event.next })
       const delivered = policy.delivered(event.partition, event.next)
-      if (state.paused || state.outstanding + maxPoll <= config.bufferSize) return delivered
+      if (state.paused || roomFor(state)) return delivered
       return delivered === Effect.void ? pause(state) : Effect.zipRight(delivered, pause(state))
     }
 

@@ -73,6 +73,7 @@ export const inMemoryWrapping = (
             poll: own.poll ?? session.poll,
             commit: own.commit ?? session.commit,
             committed: own.committed ?? session.committed,
+            committedWithMetadata: own.committedWithMetadata ?? session.committedWithMetadata,
             offsets: own.offsets ?? session.offsets,
             seek: own.seek ?? session.seek,
             pause: own.pause ?? session.pause,

@@ -1,0 +1,167 @@
+/**
+ * A partition's progress when its records finish out of offset order (ordering by key, or none): the position below
+ * which every record finished, and the ranges finished above it.
+ *
+ * Every record covers the offsets from its own up to the next record's (the last record of a fetch, up to where the
+ * partition continues after it), so that offsets holding nothing to read (transaction markers, aborted or compacted
+ * records) are covered by the record before them, and finished ranges meet without holes.
+ *
+ * @internal
+ */
+export type Range = readonly [from: bigint, until: bigint]
+
+/** @internal */
+export class Progress {
+  private starts: Array<bigint> = []
+  private ends: Array<bigint> = []
+  private done: Array<boolean> = []
+  /** Index of the first range not known to be finished. */
+  private head = 0
+  /** Where the partition continues after the ranges added so far. */
+  private end: bigint
+  private skipAt = 0
+
+  /**
+   * `position`: where the partition starts; `skip`: ranges above it that an earlier owner finished (sorted, apart).
+   */
+  constructor(position: bigint, private readonly skip: ReadonlyArray<Range> = []) {
+    this.end = position
+  }
+
+  /** Records added and not yet behind the position: what the partition would handle again after a crash, at most. */
+  get window(): number {
+    return this.starts.length - this.head
+  }
+
+  /** Whether an earlier owner finished this offset; such a record is added as finished and not handled again. */
+  finishedBefore(offset: bigint): boolean {
+    while (this.skipAt < this.skip.length && this.skip[this.skipAt]![1] <= offset) this.skipAt++
+    const range = this.skip[this.skipAt]
+    return range !== undefined && range[0] <= offset
+  }
+
+  /** Adds the range up to `until` (a record's, or offsets holding nothing to read); returns its index. */
+  add(until: bigint, finished: boolean): number {
+    const from = this.end
+    this.end = until
+    if (finished && this.head === this.starts.length) return -1
+    if (this.head > 1024 && this.head * 2 > this.starts.length) {
+      this.starts = this.starts.slice(this.head)
+      this.ends = this.ends.slice(this.head)
+      this.done = this.done.slice(this.head)
+      this.offsetBase += this.head
+      this.head = 0
+    }
+    this.starts.push(from)
+    this.ends.push(until)
+    this.done.push(finished)
+    return this.starts.length - 1 + this.offsetBase
+  }
+
+  /** Indexes handed out stay valid across compactions: they count from the first range ever added. */
+  private offsetBase = 0
+
+  /** The range at `index` finished. */
+  finish(index: number): void {
+    if (index < 0) return
+    const at = index - this.offsetBase
+    this.done[at] = true
+    if (at !== this.head) return
+    while (this.head < this.done.length && this.done[this.head]) this.head++
+    if (this.head === this.done.length) {
+      this.offsetBase += this.head
+      this.starts = []
+      this.ends = []
+      this.done = []
+      this.head = 0
+    }
+  }
+
+  /** The lowest offset not finished, or where the partition continues when every range added finished. */
+  position(): bigint {
+    return this.head < this.starts.length ? this.starts[this.head]! : this.end
+  }
+
+  /** The finished ranges above the position, merged where they meet. */
+  finished(): Array<Range> {
+    const out: Array<Range> = []
+    let i = this.head
+    while (i < this.done.length) {
+      if (!this.done[i]) {
+        i++
+        continue
+      }
+      const from = this.starts[i]!
+      while (i < this.done.length && this.done[i]) i++
+      out.push([from, this.ends[i - 1]!])
+    }
+    return out
+  }
+}
+
+/** What a position's metadata starts with when it carries finished ranges of this library. */
+const prefix = "fin1:"
+
+/**
+ * Kafka refuses offset metadata longer than the broker's `offset.metadata.max.bytes` (4,096 by default). Finished
+ * ranges that do not fit are left out: their records are handled again after a crash, and none is lost.
+ *
+ * @internal
+ */
+export const maxMetadata = 4_000
+
+/**
+ * Finished ranges above `position` as a compact string: each range as its distance from the end of the one before
+ * (from the position for the first) and its length, in base 36. Ranges that would pass `max` characters are left out.
+ *
+ * @internal
+ */
+export const encode = (position: bigint, ranges: ReadonlyArray<Range>, max: number = maxMetadata): string => {
+  if (ranges.length === 0) return ""
+  let out = prefix
+  let previous = position
+  for (const [from, until] of ranges) {
+    const token = `${(from - previous).toString(36)}.${(until - from).toString(36)}`
+    const next = out.length === prefix.length ? out + token : `${out},${token}`
+    if (next.length > max) break
+    out = next
+    previous = until
+  }
+  return out === prefix ? "" : out
+}
+
+/**
+ * The finished ranges a position's metadata carries; none when the metadata is not this library's or is damaged
+ * (then the records are handled again, and none is lost).
+ *
+ * @internal
+ */
+export const decode = (position: bigint, metadata: string | null | undefined): ReadonlyArray<Range> => {
+  if (metadata === null || metadata === undefined || !metadata.startsWith(prefix)) return []
+  const out: Array<Range> = []
+  let previous = position
+  for (const token of metadata.slice(prefix.length).split(",")) {
+    const dot = token.indexOf(".")
+    if (dot <= 0 || dot === token.length - 1) return []
+    const gap = parse36(token.slice(0, dot))
+    const length = parse36(token.slice(dot + 1))
+    if (gap === undefined || length === undefined || length <= 0n) return []
+    const from = previous + gap
+    out.push([from, from + length])
+    previous = from + length
+  }
+  return out
+}
+
+const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+const parse36 = (text: string): bigint | undefined => {
+  if (text.length === 0 || text.length > 13) return undefined
+  let value = 0n
+  for (const c of text) {
+    const d = digits.indexOf(c)
+    if (d < 0) return undefined
+    value = value * 36n + BigInt(d)
+  }
+  return value
+}
