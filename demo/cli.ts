@@ -64,7 +64,9 @@ const numeric = {
   "crash-rate": "float",
   "max-crashes": "integer",
   seed: "integer",
-  "handler-millis": "integer"
+  "handler-millis": "integer",
+  concurrency: "integer",
+  keys: "integer"
 } as const
 
 type NumericName = keyof typeof numeric
@@ -143,6 +145,28 @@ const policies = Options.text("policies").pipe(
   Options.withDescription("Which policies to run, comma-separated, in that order. Default: all five.")
 )
 
+const ordering = Options.choice("ordering", ["partition", "key", "unordered"] as const).pipe(
+  Options.withDefault("partition" as const),
+  Options.withDescription(
+    "Which records of a partition are handled one after another: all (partition), those with the same key (key), " +
+      "or none (unordered). Default partition."
+  )
+)
+const concurrency = integer(
+  "concurrency",
+  64,
+  1,
+  10_000,
+  "Handler calls in flight per member under --ordering key or unordered."
+)
+const keys = number("keys").pipe(
+  Options.mapEffect(between("keys", 1, 10_000_000)),
+  Options.optional,
+  Options.withDescription(
+    "Records get keys k0 to k<keys - 1> in turn. Default: none under --ordering partition, 2,000 otherwise."
+  )
+)
+
 const json = Options.boolean("json").pipe(
   Options.withDescription("Print only the results, as JSON, with no progress and no explanations.")
 )
@@ -204,6 +228,9 @@ const options = {
   maxCrashes,
   seed,
   handlerMillis,
+  ordering,
+  concurrency,
+  keys,
   policies,
   json,
   store,
@@ -235,9 +262,19 @@ const runReal = (
       brokers: brokerList,
       databaseUrl,
       rebalances: true,
+      ...orderingOf(args),
       onProgress: (p) => onProgress(p.results, p.kills)
     })
   })
+
+/** The ordering settings of a run; records are keyed when the ordering is not by partition, or when asked. */
+const orderingOf = (args: Args) => {
+  const keyCount = Option.getOrElse(args.keys, () => args.ordering === "partition" ? undefined : 2_000)
+  return {
+    ...(args.ordering === "partition" ? {} : { ordering: args.ordering, concurrency: args.concurrency }),
+    ...(keyCount === undefined ? {} : { keys: keyCount })
+  }
+}
 
 const chooseStore = (args: Args): Effect.Effect<Store, UsageError> => {
   if (Option.isSome(args.databaseUrl)) {
@@ -266,7 +303,9 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
     if (!args.json) {
       yield* Console.log(
         `Semantics lab: ${count(args.records)} records on ${args.partitions} partitions, ${args.consumers} consumers ` +
-          `(two join, one leaves), ${real ? `${maxCrashes} members killed` : `crash rate ${args.crashRate}, at most ` +
+          `(two join, one leaves), ${
+            args.ordering === "partition" ? "" : `ordering by ${args.ordering}, concurrency ${args.concurrency}, `
+          }${real ? `${maxCrashes} members killed` : `crash rate ${args.crashRate}, at most ` +
             `${maxCrashes} crashes`}, seed ${args.seed}`
       )
       yield* Console.log(
@@ -300,6 +339,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
             maxPollRecords: 50,
             commitEvery: 100,
             ...(args.handlerMillis > 0 ? { handlerMillis: args.handlerMillis } : {}),
+            ...orderingOf(args),
             runId,
             onProgress: (p) => {
               moved(p.stored)
@@ -328,7 +368,10 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
             crashRate: args.crashRate,
             maxCrashes,
             seed: args.seed,
-            handlerMillis: args.handlerMillis
+            handlerMillis: args.handlerMillis,
+            ordering: args.ordering,
+            ...(args.ordering === "partition" ? {} : { concurrency: args.concurrency }),
+            ...(orderingOf(args).keys === undefined ? {} : { keys: orderingOf(args).keys })
           },
           outcomes: outcomes.map((o) => ({ ...o, recordsPerSecond: recordsPerSecond(o) }))
         },

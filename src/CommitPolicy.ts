@@ -134,6 +134,9 @@ export class CommitPolicy extends Context.Tag("effect-kafka-delivery/CommitPolic
  * handler is not retried (a retry would hand the record again). A commit refused because the member no longer owns
  * the partition skips the chunk: its next owner starts before it.
  *
+ * Under `key` or `unordered` ordering the chunk stays the unit: its position is committed before any of its records
+ * is handled, then its records are handled side by side as the ordering allows.
+ *
  * @since 0.1.0
  * @category layers
  */
@@ -156,7 +159,8 @@ export interface AutoCommitOptions {
  * every record already fetched, whether or not the handler finished it; commit too before partitions are revoked.
  * This is neither at-most-once nor at-least-once: a crash after a commit of records still buffered loses them, and a
  * crash after handling but before the next commit duplicates them. It is here so that the cost can be measured.
- * Refused commits follow `commitAfter`'s rule.
+ * Refused commits follow `commitAfter`'s rule. Under `key` or `unordered` ordering records finish in any order, and
+ * the positions committed are still those of fetched records.
  *
  * @since 0.1.0
  * @category layers
@@ -192,6 +196,12 @@ export interface CommitAfterOptions {
  * longer owns has its position dropped, alone; a stale membership (an unknown member, an old generation) makes the
  * member give up its partitions and rejoin; a fatal refusal (not authorized, say) ends the consumer.
  *
+ * Under `key` or `unordered` ordering records finish out of offset order, across fetched chunks. A partition's
+ * committed position is then its lowest unfinished offset (never past a record in flight), and the ranges finished
+ * above it are committed as the position's metadata; a new owner starts at the position and skips those ranges, so
+ * a crash repeats only the records in flight and those finished since the last commit. Metadata that would pass
+ * 4,000 characters keeps its lowest ranges: the rest are handled again, never lost.
+ *
  * @since 0.1.0
  * @category layers
  */
@@ -221,6 +231,9 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
  * it is the unit's transaction; outside one (in a hook) using it fails with `OffsetStoreError`.
  *
  * `commitToKafka` also commits each stored position to Kafka, so lag tools see progress; it is never read back.
+ *
+ * Under `key` or `unordered` ordering a fetched chunk is one unit: its records are handled side by side inside the
+ * unit's transaction, and the partition's next chunk starts once it committed.
  *
  * @since 0.1.0
  * @category layers

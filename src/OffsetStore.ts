@@ -69,11 +69,22 @@ export class Fenced extends Schema.TaggedError<Fenced>()("Fenced", {
 export interface Claim {
   readonly epoch: bigint
   readonly position: bigint | null
+  /**
+   * Offset ranges above the position that units of records finished out of order committed (`until` excluded, in
+   * order, apart): their records are not handled again. Absent or empty when there are none.
+   */
+  readonly finished?: ReadonlyArray<readonly [from: bigint, until: bigint]>
 }
 
 /**
  * One unit of work: the handler's writes for a batch of one partition and the partition's new position, committed
  * together only if the partition's owner epoch is still `epoch`, the one its member got from `claim`.
+ *
+ * A unit of records handled in offset order (a chunk) moves the position to `next`. A unit of records finished out of
+ * order (ordering by key, or none) names the offset ranges it finished in `finished`, and `next` is then the lowest
+ * offset its member had not finished when the unit began: the store keeps the ranges above the position, and moves
+ * the position to `next` and past every range that starts at it. Units of one owner may commit side by side; each
+ * adds its own ranges to what the others stored, and the position never moves back.
  *
  * @since 0.1.0
  * @category models
@@ -83,6 +94,7 @@ export interface CommitUnit {
   readonly partition: TopicPartition
   readonly epoch: bigint
   readonly next: bigint
+  readonly finished?: ReadonlyArray<readonly [from: bigint, until: bigint]> | undefined
 }
 
 /**
@@ -123,9 +135,9 @@ export class OffsetStore extends Context.Tag("effect-kafka-delivery/OffsetStore"
     partitions: ReadonlyArray<TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, Claim>, OffsetStoreError>
   /**
-   * Runs `work` inside a transaction of the store and stores `unit.next` in the same transaction, on the condition
-   * that the partition's owner epoch is still `unit.epoch`. If `work` fails, or the condition does not hold
-   * (`Fenced`), neither the work's writes nor the position land.
+   * Runs `work` inside a transaction of the store and stores the unit's position (and finished ranges) in the same
+   * transaction, on the condition that the partition's owner epoch is still `unit.epoch`. If `work` fails, or the
+   * condition does not hold (`Fenced`), neither the work's writes nor the position land.
    */
   readonly commit: <A, E, R>(
     unit: CommitUnit,

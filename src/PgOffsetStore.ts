@@ -20,6 +20,7 @@ import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import postgres from "postgres"
+import * as Progress from "./internal/progress.js"
 import { OutsideUnit, outsideUnitReason } from "./internal/unitBuffer.js"
 import { ConfigError } from "./KafkaError.js"
 import type { Claim, CommitUnit } from "./OffsetStore.js"
@@ -181,7 +182,12 @@ const decodePositions = Schema.decodeUnknownSync(
   Schema.Array(Schema.Tuple(Schema.String, Schema.String, Schema.String))
 )
 const decodeClaims = Schema.decodeUnknownSync(
-  Schema.Array(Schema.Tuple(Schema.String, Schema.String, Schema.NullOr(Schema.String), Schema.String))
+  Schema.Array(
+    Schema.Tuple(Schema.String, Schema.String, Schema.NullOr(Schema.String), Schema.String, Schema.NullOr(Schema.String))
+  )
+)
+const decodeStored = Schema.decodeUnknownSync(
+  Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String), Schema.NullOr(Schema.String)))
 )
 const decodeText = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String))))
 const decodeColumns = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.String, Schema.Boolean)))
@@ -342,8 +348,9 @@ const connect = (options: Options): Effect.Effect<Client, ConfigError | OffsetSt
     return { sql, table, target: targetOf(sql) }
   })
 
-// Creates the table, or brings one of an earlier version up to date: `epoch` was added, and `next_offset` became
-// nullable (a partition claimed before anything was stored). Columns are altered only when they need it, so that a
+// Creates the table, or brings one of an earlier version up to date: `epoch` was added, `next_offset` became
+// nullable (a partition claimed before anything was stored), and `finished` was added (the ranges above the position
+// that units of records finished out of order committed; null when none). Columns are altered only when they need it, so that a
 // layer starting against an up-to-date table takes no exclusive lock on it.
 const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<void, OffsetStoreError> =>
   Effect.tryPromise({
@@ -359,6 +366,7 @@ const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<
             partition integer not null,
             next_offset bigint,
             epoch bigint not null default 0,
+            finished text,
             updated_at timestamptz not null default now(),
             primary key (group_id, topic, partition)
           )`
@@ -373,6 +381,9 @@ const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<
         if (!columns.some(([name]) => name === "epoch")) {
           await tx.unsafe(`alter table ${client.table} add column epoch bigint not null default 0`)
         }
+        if (!columns.some(([name]) => name === "finished")) {
+          await tx.unsafe(`alter table ${client.table} add column finished text`)
+        }
         if (columns.some(([name, notNull]) => name === "next_offset" && notNull)) {
           await tx.unsafe(`alter table ${client.table} alter column next_offset drop not null`)
         }
@@ -382,8 +393,8 @@ const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<
 
 /**
  * Creates the schema (when given) and the table of positions if they do not exist, and upgrades a table created by an
- * earlier version in place (adding the `epoch` column; its rows count as never claimed). Safe to run concurrently and
- * repeatedly.
+ * earlier version in place (adding the `epoch` column, whose rows count as never claimed, and the `finished` column).
+ * Safe to run concurrently and repeatedly.
  *
  * @since 0.1.0
  * @category migrations
@@ -570,7 +581,7 @@ const make = (
                  order by claimed.n
                  on conflict (group_id, topic, partition)
                  do update set epoch = offsets.epoch + 1, updated_at = now()
-                 returning topic, partition::text, next_offset::text, epoch::text`,
+                 returning topic, partition::text, next_offset::text, epoch::text, finished`,
                 [groupId, unique.map((tp) => tp.topic), unique.map((tp) => tp.partition)],
                 prepared
               ).values()
@@ -579,10 +590,13 @@ const make = (
         })
       ).pipe(Effect.map((rows) => {
         const claims = new Map<string, Claim>()
-        for (const [topic, partition, next, epoch] of rows) {
+        for (const [topic, partition, next, epoch, finishedText] of rows) {
+          const position = next === null ? null : BigInt(next)
+          const finished = position === null ? [] : Progress.decode(position, finishedText)
           claims.set(TopicPartition.key(TopicPartition.make(topic, Number(partition))), {
             epoch: BigInt(epoch),
-            position: next === null ? null : BigInt(next)
+            position,
+            ...(finished.length === 0 ? {} : { finished })
           })
         }
         return claims
@@ -619,14 +633,41 @@ const make = (
     // that finds the row locked (by a claim, or by another unit) waits, then checks its condition again on the row's
     // newest version: a claim that committed meanwhile is seen, and the unit is fenced. `txid_current()` names the
     // transaction, so that a COMMIT whose answer is lost with the connection can be settled (see `settle`).
-    const storePosition = (tx: postgres.TransactionSql, unit: CommitUnit) =>
-      tx.unsafe(
-        `update ${table} set next_offset = $4::bigint, updated_at = now()
-         where group_id = $1 and topic = $2 and partition = $3::int and epoch = $5::bigint
+    // A unit of a chunk on a partition without finished ranges (the usual case) is one statement. Otherwise the row is
+    // locked and read (`for update`: units of the same owner committing side by side take turns here, each adding its
+    // ranges to what the one before stored), and written back.
+    const storePosition = async (tx: postgres.TransactionSql, unit: CommitUnit) => {
+      const where = "where group_id = $1 and topic = $2 and partition = $3::int and epoch = $4::bigint"
+      const place = [unit.groupId, unit.partition.topic, unit.partition.partition, unit.epoch.toString()]
+      if (unit.finished === undefined || unit.finished.length === 0) {
+        const simple = await tx.unsafe(
+          `update ${table} set next_offset = greatest(next_offset, $5::bigint), updated_at = now()
+           ${where} and finished is null
+           returning txid_current()::text`,
+          [...place, unit.next.toString()],
+          prepared
+        ).values()
+        if (simple.length > 0) return simple
+      }
+      const rows = decodeStored(
+        await tx.unsafe(`select next_offset::text, finished from ${table} ${where} for update`, place, prepared)
+          .values()
+      )
+      if (rows.length === 0) return []
+      const [next, finishedText] = rows[0]!
+      const position = next === null ? null : BigInt(next)
+      const stored = Progress.advance(
+        { position, finished: position === null ? [] : Progress.decode(position, finishedText) },
+        unit
+      )
+      const text = Progress.encode(stored.position, stored.finished, Number.POSITIVE_INFINITY)
+      return tx.unsafe(
+        `update ${table} set next_offset = $5::bigint, finished = $6, updated_at = now() ${where}
          returning txid_current()::text`,
-        [unit.groupId, unit.partition.topic, unit.partition.partition, unit.next.toString(), unit.epoch.toString()],
+        [...place, stored.position.toString(), text === "" ? null : text],
         prepared
       ).values()
+    }
 
     const fenced = (
       tx: postgres.TransactionSql,

@@ -197,7 +197,7 @@ offsetStoreSuite("PgOffsetStore", suiteLayer)
 afterAll(async () => {
   const sql = postgres(url, { onnotice: () => {}, max: 1 })
   try {
-    await sql.unsafe(`drop table if exists "${table}", "${resultsTable}", "${legacyTable}"`)
+    await sql.unsafe(`drop table if exists "${table}", "${resultsTable}", "${legacyTable}", "${legacyTable}_epochs"`)
     await sql.unsafe(`drop schema if exists "${schema}" cascade`)
     await sql.unsafe(`drop function if exists "hold_${run}"() cascade`)
     await sql.unsafe(`drop function if exists "fail_once_${run}"() cascade`)
@@ -354,6 +354,7 @@ describe("PgOffsetStore", () => {
         ["partition", "integer", "NO"],
         ["next_offset", "bigint", "YES"],
         ["epoch", "bigint", "NO"],
+        ["finished", "text", "YES"],
         ["updated_at", "timestamp with time zone", "NO"]
       ])
 
@@ -425,6 +426,51 @@ describe("PgOffsetStore", () => {
         yield* store.commit({ groupId: "billing", partition: orders0, epoch: 1n, next: 43n }, Effect.void)
         assert.strictEqual((yield* store.load("billing", [orders0])).get("orders-0"), 43n)
       }).pipe(Effect.provide(PgOffsetStore.layer({ sql, table: legacyTable, migrate: true })))
+    }).pipe(Effect.provide(testSql)))
+
+  it.live("upgrades a table with owner epochs and no finished ranges (the previous version) and keeps its epochs", () =>
+    Effect.gen(function*() {
+      const epochTable = `${legacyTable}_epochs`
+      yield* query((sql) =>
+        sql.unsafe(
+          `create table "${epochTable}" (
+            group_id text not null,
+            topic text not null,
+            partition integer not null,
+            next_offset bigint,
+            epoch bigint not null default 0,
+            updated_at timestamptz not null default now(),
+            primary key (group_id, topic, partition)
+          )`
+        )
+      )
+      yield* query((sql) =>
+        sql.unsafe(
+          `insert into "${epochTable}" (group_id, topic, partition, next_offset, epoch)
+           values ('billing', 'orders', 0, 42, 3)`
+        )
+      )
+      const sql = yield* TestSql
+      // Without the upgrade, a unit of records finished out of order cannot be stored: the error says what to do.
+      const before = yield* Effect.gen(function*() {
+        const store = yield* OffsetStore.OffsetStore
+        return yield* refusal(
+          "a unit on a table without the finished column",
+          store.commit({ groupId: "billing", partition: orders0, epoch: 3n, next: 42n, finished: [[43n, 44n]] }, Effect.void)
+        )
+      }).pipe(Effect.provide(PgOffsetStore.layer({ sql, table: epochTable, retryFor: "1 second" })))
+      assert.instanceOf(before, OffsetStore.OffsetStoreError)
+      yield* Effect.gen(function*() {
+        const store = yield* OffsetStore.OffsetStore
+        const claims = yield* store.claim("billing", [orders0])
+        assert.deepStrictEqual(claims.get("orders-0"), { epoch: 4n, position: 42n })
+        yield* store.commit({ groupId: "billing", partition: orders0, epoch: 4n, next: 42n, finished: [[44n, 46n]] }, Effect.void)
+        assert.deepStrictEqual((yield* store.claim("billing", [orders0])).get("orders-0"), {
+          epoch: 5n,
+          position: 42n,
+          finished: [[44n, 46n]]
+        })
+      }).pipe(Effect.provide(PgOffsetStore.layer({ sql, table: epochTable, migrate: true })))
     }).pipe(Effect.provide(testSql)))
 
   it.live("says to migrate when the table is missing", () =>

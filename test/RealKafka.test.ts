@@ -71,6 +71,33 @@ if (brokers) {
         }
       }), { timeout: 15 * 60_000 })
 
+    it.live("SIGKILL by key: 2,000 keys, concurrency 64, 20 kills and a rebalance under load; commitAfter by key beside commitAfter by partition, transactional by key", () =>
+      Effect.gen(function*() {
+        const base = {
+          records: 20_000,
+          partitions: 6,
+          consumers: 3,
+          kills: 20,
+          rebalances: true,
+          keys: 2_000,
+          brokers,
+          databaseUrl
+        } as const
+        const [byPartition, byKey, transactional] = yield* Effect.all([
+          runRealWorkload({ ...base, policy: "commitAfter", seed: 4001 }),
+          runRealWorkload({ ...base, policy: "commitAfter", seed: 4001, ordering: "key", concurrency: 64 }),
+          runRealWorkload({ ...base, policy: "transactional", seed: 4002, ordering: "key", concurrency: 64 })
+        ], { concurrency: "unbounded" })
+        console.log(figures("SIGKILL by partition, keyed records", byPartition!))
+        console.log(figures("SIGKILL by key", byKey!))
+        console.log(figures("SIGKILL by key", transactional!))
+        for (const o of [byPartition!, byKey!, transactional!]) {
+          const text = figures("SIGKILL", o)
+          assert.isAtLeast(o.crashes, 20, text)
+          assertGuarantee(o, text)
+        }
+      }), { timeout: 15 * 60_000 })
+
     it.live("rebalance under load: two members join and one leaves while records flow", () =>
       Effect.gen(function*() {
         const outcomes = yield* runAll("rebalance", (policy, seed) => ({

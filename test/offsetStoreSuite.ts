@@ -312,6 +312,60 @@ export const offsetStoreSuite = <E>(name: string, layer: Layer.Layer<OffsetStore
         )
       }).pipe(Effect.provide(layer)))
 
+    it.live("units of records finished out of order: each adds its ranges, side by side; the position moves past those that reach it; a claim returns the rest", () =>
+      Effect.gen(function*() {
+        const group = newGroup()
+        const { epoch } = yield* claim(group, orders0)
+        const outOfOrder = (finished: ReadonlyArray<readonly [bigint, bigint]>, next = 0n): CommitUnit => ({
+          ...unit(group, orders0, epoch, next),
+          finished
+        })
+        // Nothing stored yet: the first unit's `next` is where the partition began.
+        yield* commit(outOfOrder([[12n, 13n]], 10n), write(group, orders0, ["12"]))
+        assert.deepStrictEqual(yield* claim(group, orders0), {
+          epoch: epoch + 1n,
+          position: 10n,
+          finished: [[12n, 13n]]
+        })
+        const owner = epoch + 1n
+        const at = (finished: ReadonlyArray<readonly [bigint, bigint]>): CommitUnit => ({
+          ...unit(group, orders0, owner, 10n),
+          finished
+        })
+        const contenders: ReadonlyArray<readonly [bigint, bigint]> = [[14n, 15n], [15n, 17n], [20n, 21n]]
+        const arrived = yield* Ref.make(0)
+        const allRunning = yield* Effect.makeLatch(false)
+        const barrier = Ref.updateAndGet(arrived, (n) => n + 1).pipe(
+          Effect.flatMap((n) => n === contenders.length ? allRunning.open : Effect.void),
+          Effect.zipRight(allRunning.await)
+        )
+        yield* within(
+          "units running side by side",
+          Effect.all(
+            contenders.map((range) =>
+              commit(at([range]), write(group, orders0, [String(range[0])]).pipe(Effect.zipRight(barrier)))
+            ),
+            { concurrency: "unbounded" }
+          )
+        )
+        assert.strictEqual(yield* position(group, orders0), 10n, "never past the unfinished offset 10")
+        // The record at 10 finishes (its range covers 11, which held nothing to read): the position moves past 13.
+        yield* commit(at([[10n, 12n]]), write(group, orders0, ["10"]))
+        assert.strictEqual(yield* position(group, orders0), 13n)
+        const zombie = yield* claim(group, orders0)
+        assert.deepStrictEqual(zombie, { epoch: owner + 1n, position: 13n, finished: [[14n, 17n], [20n, 21n]] })
+        // A unit of the earlier owner is fenced, whatever ranges it names.
+        assertFenced(yield* refusal("a unit of an earlier owner", commit(at([[13n, 14n]]), Effect.void)), owner, owner + 1n)
+        // A chunk unit moves the position to its next, and past the ranges that reach it.
+        yield* commit(unit(group, orders0, zombie.epoch, 14n), write(group, orders0, ["13"]))
+        assert.deepStrictEqual(yield* claim(group, orders0), {
+          epoch: zombie.epoch + 1n,
+          position: 17n,
+          finished: [[20n, 21n]]
+        })
+        assert.deepStrictEqual([...(yield* read(group, orders0))].sort(), ["10", "12", "13", "14", "15", "20"])
+      }).pipe(Effect.provide(layer)))
+
     it.live("rolls back a unit whose work is interrupted", () =>
       Effect.gen(function*() {
         const group = newGroup()

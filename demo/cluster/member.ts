@@ -76,7 +76,9 @@ const member = (options: MemberOptions) =>
       maxPollRecords: options.maxPollRecords,
       sessionTimeout: options.sessionTimeoutMillis,
       rebalanceTimeout: "30 seconds",
-      revokeTimeout: "20 seconds"
+      revokeTimeout: "20 seconds",
+      ordering: options.ordering,
+      concurrency: options.concurrency
     }
     const hooks: Consumer.Hooks = {
       onAssign: (tp) =>

@@ -8,6 +8,10 @@ import { parseArgs } from "node:util"
 
 export type PolicyName = "atMostOnce" | "autoCommit" | "commitAfter" | "transactional" | "kafkaTransactional"
 
+export type Ordering = "partition" | "key" | "unordered"
+
+export const orderings: ReadonlyArray<Ordering> = ["partition", "key", "unordered"]
+
 export const policies: ReadonlyArray<PolicyName> = [
   "atMostOnce",
   "autoCommit",
@@ -34,6 +38,10 @@ export interface MemberOptions {
   /** Time the handler spends on each chunk, half before its write and half after, as real work would. */
   readonly handlerMillis: number
   readonly sessionTimeoutMillis: number
+  /** The consumer's `ordering`: `partition` (the default), `key` or `unordered`. */
+  readonly ordering: Ordering
+  /** Handler calls in flight under `key` and `unordered` ordering. */
+  readonly concurrency: number
   /**
    * Standard input is the supervisor's pipe: a line `pace <millis>` changes the handler's time, and the end of input
    * means the supervisor is gone, so the member leaves.
@@ -49,7 +57,7 @@ const usage = "usage: member.ts --brokers host:port --topic T --group G " +
   "--policy atMostOnce|autoCommit|commitAfter|transactional|kafkaTransactional --database-url URL " +
   "--results-table NAME " +
   "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
-  "[--session-timeout-millis MS] [--supervised] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
+  "[--session-timeout-millis MS] [--ordering partition|key|unordered] [--concurrency N] [--supervised] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
 
 /** Reads the member's settings from its arguments, with `KAFKA_BROKERS` and `DATABASE_URL` as fallbacks. */
 export const parse = (
@@ -74,6 +82,8 @@ export const parse = (
             "max-poll-records": { type: "string" },
             "handler-millis": { type: "string" },
             "session-timeout-millis": { type: "string" },
+            ordering: { type: "string" },
+            concurrency: { type: "string" },
             supervised: { type: "boolean" }
           }
         }).values,
@@ -99,6 +109,12 @@ export const parse = (
       return yield* new MemberConfigError({ message: `--policy must be one of ${policies.join(", ")}, got "${policy}"` })
     }
     const groupId = yield* required("group", parsed.group)
+    const ordering = parsed.ordering ?? "partition"
+    if (!orderings.includes(ordering as Ordering)) {
+      return yield* new MemberConfigError({
+        message: `--ordering must be one of ${orderings.join(", ")}, got "${ordering}"`
+      })
+    }
     return {
       brokers: yield* required("brokers", parsed.brokers ?? env.KAFKA_BROKERS),
       topic: yield* required("topic", parsed.topic),
@@ -111,6 +127,8 @@ export const parse = (
       maxPollRecords: yield* integer("max-poll-records", parsed["max-poll-records"], 50, 1),
       handlerMillis: yield* integer("handler-millis", parsed["handler-millis"], 0, 0),
       sessionTimeoutMillis: yield* integer("session-timeout-millis", parsed["session-timeout-millis"], 6000, 1),
+      ordering: ordering as Ordering,
+      concurrency: yield* integer("concurrency", parsed.concurrency, 64, 1),
       supervised: parsed.supervised ?? false
     }
   })
@@ -139,5 +157,9 @@ export const toArgs = (options: MemberOptions): Array<string> => [
   String(options.handlerMillis),
   "--session-timeout-millis",
   String(options.sessionTimeoutMillis),
+  "--ordering",
+  options.ordering,
+  "--concurrency",
+  String(options.concurrency),
   ...(options.supervised ? ["--supervised"] : [])
 ]

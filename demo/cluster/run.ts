@@ -22,7 +22,7 @@ import * as KafkaJs from "../../src/KafkaJs.js"
 import * as PgOffsetStore from "../../src/PgOffsetStore.js"
 import { type Outcome, random } from "../lab.js"
 import { readCommitted } from "../lab.js"
-import { type MemberOptions, outputTopicOf, type PolicyName, toArgs } from "./options.js"
+import { type MemberOptions, type Ordering, outputTopicOf, type PolicyName, toArgs } from "./options.js"
 import { createResultsTable, dropTable, handledCount, tallyByPartition } from "./results.js"
 
 export interface RealWorkload {
@@ -54,6 +54,12 @@ export interface RealWorkload {
   readonly sessionTimeoutMillis?: number
   /** How long the whole run may take before it fails. Default 10 minutes. */
   readonly deadlineMillis?: number
+  /** The members' `ordering`. Default `partition`. */
+  readonly ordering?: Ordering
+  /** Handler calls in flight per member under `key` and `unordered` ordering. Default 64. */
+  readonly concurrency?: number
+  /** Records get keys `k0` to `k<keys - 1>` in turn (each on the partition its key hashes to); without it, none. */
+  readonly keys?: number
 }
 
 export interface RealOutcome extends Outcome {
@@ -278,7 +284,10 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     yield* KafkaJs.produce(
       workload.brokers,
       topic,
-      Array.from({ length: workload.records }, (_, i) => ({ partition: i % workload.partitions, value: String(i) }))
+      Array.from({ length: workload.records }, (_, i) =>
+        workload.keys === undefined
+          ? { partition: i % workload.partitions, value: String(i) }
+          : { key: `k${i % workload.keys}`, value: String(i) })
     )
     const end = yield* KafkaJs.endOffsets(workload.brokers, topic)
 
@@ -314,6 +323,8 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       maxPollRecords,
       handlerMillis: disturbancesLeft > 0 ? handlerMillis : 0,
       sessionTimeoutMillis,
+      ordering: workload.ordering ?? "partition",
+      concurrency: workload.concurrency ?? 64,
       supervised: true
     })
 

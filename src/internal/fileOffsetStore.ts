@@ -11,6 +11,7 @@ import { ConfigError } from "../KafkaError.js"
 import type { Claim, CommitUnit } from "../OffsetStore.js"
 import { type Fenced, OffsetStore, OffsetStoreError, Results, type Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
+import { advance, type Range as FinishedRange } from "./progress.js"
 import { fencedUnit, runUnit } from "./unitBuffer.js"
 
 // Layout of a partition, <directory>/<group>/<topic>/<partition>/:
@@ -90,7 +91,9 @@ const Common = {
   ...Place,
   sequence: Sequence,
   epoch: Schema.BigInt,
-  next: Schema.NullOr(Schema.BigInt)
+  next: Schema.NullOr(Schema.BigInt),
+  /** Offset ranges above `next` finished by units of records handled out of order; absent when none. */
+  finished: Schema.optional(Schema.Array(Schema.Tuple(Schema.BigInt, Schema.BigInt)))
 }
 
 const ClaimOrUnit = Schema.Struct({
@@ -135,6 +138,7 @@ interface Segment {
   readonly kind: "claim" | "unit" | "checkpoint"
   readonly epoch: bigint
   readonly next: bigint | null
+  readonly finished: ReadonlyArray<FinishedRange>
   /** The archived results a checkpoint stands for. */
   readonly archive: Range | undefined
   /** For format 1 only: the position the unit started from, which the previous segment must hold. */
@@ -151,6 +155,7 @@ const fromFile = (file: typeof SegmentFile.Type): Segment => {
         kind: "unit",
         epoch: 0n,
         next: file.next,
+        finished: [],
         archive: undefined,
         from: file.from,
         results: file.results
@@ -163,6 +168,7 @@ const fromFile = (file: typeof SegmentFile.Type): Segment => {
           kind: file.kind,
           epoch: file.epoch,
           next: file.next,
+          finished: file.finished ?? [],
           archive: { first: file.archivedFrom, last: file.archivedThrough },
           from: undefined,
           results: []
@@ -173,6 +179,7 @@ const fromFile = (file: typeof SegmentFile.Type): Segment => {
           kind: file.kind,
           epoch: file.epoch,
           next: file.next,
+          finished: file.finished ?? [],
           archive: undefined,
           from: undefined,
           results: file.results
@@ -203,17 +210,19 @@ interface Head {
   readonly id: string | null
   readonly epoch: bigint
   readonly next: bigint | null
+  readonly finished: ReadonlyArray<FinishedRange>
   /** The newest checkpoint at or below the head as far as this store knows (0: none); it decides when to compact. */
   readonly checkpoint: number
 }
 
-const EMPTY: Head = { sequence: 0, id: null, epoch: 0n, next: null, checkpoint: 0 }
+const EMPTY: Head = { sequence: 0, id: null, epoch: 0n, next: null, finished: [], checkpoint: 0 }
 
 const headOf = (segment: Segment, checkpoint: number): Head => ({
   sequence: segment.sequence,
   id: segment.id,
   epoch: segment.epoch,
   next: segment.next,
+  finished: segment.finished,
   checkpoint: segment.kind === "checkpoint" ? segment.sequence : checkpoint
 })
 
@@ -499,6 +508,7 @@ export const make = (
       head: Head,
       epoch: bigint,
       next: bigint | null,
+      finished: ReadonlyArray<FinishedRange>,
       results: ReadonlyArray<unknown>
     ) =>
     (sequence: number, id: string, writtenAt: string) => ({
@@ -511,11 +521,12 @@ export const make = (
         sequence,
         epoch,
         next,
+        ...(finished.length === 0 ? {} : { finished }),
         kind,
         writtenAt,
         results
       })),
-      head: { sequence, id, epoch, next, checkpoint: head.checkpoint }
+      head: { sequence, id, epoch, next, finished, checkpoint: head.checkpoint }
     })
 
     /**
@@ -578,12 +589,13 @@ export const make = (
             sequence,
             epoch: head.epoch,
             next: head.next,
+            ...(head.finished.length === 0 ? {} : { finished: head.finished }),
             kind: "checkpoint",
             archivedFrom: range.first,
             archivedThrough: range.last,
             writtenAt
           })),
-          head: { sequence, id, epoch: head.epoch, next: head.next, checkpoint: sequence }
+          head: { sequence, id, epoch: head.epoch, next: head.next, finished: head.finished, checkpoint: sequence }
         }))
         if (linked._tag !== "Linked") {
           // Another member claimed the partition meanwhile; the archive would never be read.
@@ -643,12 +655,13 @@ export const make = (
             heads.set(key, head)
             if (head.epoch !== unit.epoch) return yield* fencedUnit(unit, claimedEpoch(head))
           }
+          const stored = advance({ position: head.next, finished: head.finished }, unit)
           const linked = yield* linkAfter(
             "commit",
             groupId,
             tp,
             head,
-            claimOrUnit("unit", groupId, tp, head, unit.epoch, unit.next, results)
+            claimOrUnit("unit", groupId, tp, head, unit.epoch, stored.position, stored.finished, results)
           )
           if (linked._tag === "Linked") {
             head = linked.head
@@ -688,11 +701,15 @@ export const make = (
             groupId,
             tp,
             head,
-            claimOrUnit("claim", groupId, tp, head, epoch, head.next, [])
+            claimOrUnit("claim", groupId, tp, head, epoch, head.next, head.finished, [])
           )
           if (linked._tag === "Linked") {
             heads.set(cacheKey(groupId, tp), linked.head)
-            return { epoch, position: head.next }
+            return {
+              epoch,
+              position: head.next,
+              ...(head.finished.length === 0 ? {} : { finished: head.finished })
+            }
           }
         }
       }).pipe(Effect.uninterruptible, lockOf(cacheKey(groupId, tp)).withPermits(1))

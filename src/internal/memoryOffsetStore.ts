@@ -3,6 +3,7 @@ import * as Effect from "effect/Effect"
 import type { Claim, CommitUnit } from "../OffsetStore.js"
 import { type Fenced, OffsetStore, Results, type Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
+import { advance, type Range } from "./progress.js"
 import { fencedUnit, runUnit } from "./unitBuffer.js"
 
 const STORE = "memory"
@@ -11,6 +12,7 @@ interface PartitionState {
   readonly partition: TopicPartition.TopicPartition
   readonly position: bigint | null
   readonly epoch: bigint
+  readonly finished: ReadonlyArray<Range>
   readonly results: ReadonlyArray<string>
 }
 
@@ -51,10 +53,15 @@ export const make: Effect.Effect<Context.Context<OffsetStore | Results>> = Effec
           partition,
           position: state?.position ?? null,
           epoch: (state?.epoch ?? 0n) + 1n,
+          finished: state?.finished ?? [],
           results: state?.results ?? []
         }
         stored.set(key, next)
-        claims.set(key, { epoch: next.epoch, position: next.position })
+        claims.set(key, {
+          epoch: next.epoch,
+          position: next.position,
+          ...(next.finished.length === 0 ? {} : { finished: next.finished })
+        })
       }
       return claims
     })
@@ -72,9 +79,11 @@ export const make: Effect.Effect<Context.Context<OffsetStore | Results>> = Effec
         if (state === undefined || state.epoch !== unit.epoch) {
           return Effect.fail(fencedUnit(unit, state?.epoch ?? null))
         }
+        const { finished, position } = advance(state, unit)
         partitions.set(key, {
           partition: unit.partition,
-          position: unit.next,
+          position,
+          finished,
           epoch: state.epoch,
           results: entries.length === 0 ? state.results : [...state.results, ...entries]
         })

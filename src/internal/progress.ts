@@ -165,3 +165,52 @@ const parse36 = (text: string): bigint | undefined => {
   }
   return value
 }
+
+/**
+ * A stored position and the ranges finished above it.
+ *
+ * @internal
+ */
+export interface Stored {
+  readonly position: bigint | null
+  readonly finished: ReadonlyArray<Range>
+}
+
+/**
+ * What a store keeps after a unit. The position moves to the unit's `next` (never back): every record below it was
+ * finished in a unit that committed, or held nothing to read. The ranges a unit of records finished out of order adds
+ * are kept with the others; ranges at or below the position are dropped, and the position moves past every range
+ * that starts at it.
+ *
+ * @internal
+ */
+export const advance = (
+  stored: Stored,
+  unit: { readonly next: bigint; readonly finished?: ReadonlyArray<Range> | undefined }
+): { readonly position: bigint; readonly finished: ReadonlyArray<Range> } => {
+  let position = stored.position === null || unit.next > stored.position ? unit.next : stored.position
+  const ranges = unit.finished === undefined || unit.finished.length === 0
+    ? stored.finished
+    : union(stored.finished, unit.finished)
+  let at = 0
+  while (at < ranges.length && ranges[at]![0] <= position) {
+    if (ranges[at]![1] > position) position = ranges[at]![1]
+    at++
+  }
+  return { position, finished: at === 0 ? ranges : ranges.slice(at) }
+}
+
+/** Two lists of sorted, apart ranges as one, merged where they meet or overlap. */
+const union = (a: ReadonlyArray<Range>, b: ReadonlyArray<Range>): Array<Range> => {
+  const all = [...a, ...b].sort((x, y) => (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : 0))
+  const out: Array<Range> = []
+  for (const [from, until] of all) {
+    const last = out[out.length - 1]
+    if (last !== undefined && from <= last[1]) {
+      if (until > last[1]) out[out.length - 1] = [last[0], until]
+    } else {
+      out.push([from, until])
+    }
+  }
+  return out
+}

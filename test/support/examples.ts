@@ -143,5 +143,14 @@ export const examples: ReadonlyArray<{
   {
     file: "examples/12-pipeline.ts",
     check: (out) => /40 invoices, each order once/.test(out) ? undefined : "40 invoices, each order once"
+  },
+  {
+    file: "examples/13-per-key.ts",
+    check: (out) => {
+      const most = Number(/(\d+) calls in flight at most \(bound 50\)/.exec(out)?.[1] ?? "0")
+      return /400 events of 40 accounts, each account's in order/.test(out) && most > 1 && most <= 50
+        ? undefined
+        : "400 events of 40 accounts, each account's in order, more than one and at most 50 calls in flight"
+    }
   }
 ]
