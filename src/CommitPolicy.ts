@@ -70,6 +70,30 @@ export interface PartitionProgress {
 }
 
 /**
+ * How a policy has records finish out of offset order.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface OutOfOrder {
+  /**
+   * Runs the handler on records of one partition that finish together: `finished` are the offset ranges they cover
+   * (each record's up to the next record's offset, so that offsets holding nothing to read are covered), and `next`
+   * the lowest offset of the partition not finished when they were handed over. `retry` runs the handler with the
+   * configured retries.
+   */
+  readonly handle: <E, R>(
+    partition: TopicPartition,
+    next: bigint,
+    finished: ReadonlyArray<readonly [from: bigint, until: bigint]>,
+    work: Effect.Effect<void, E, R>,
+    retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
+  ) => Effect.Effect<void, E | PolicyError, R>
+  /** Records finished (`records` more of them, or none when only offsets without records were passed). */
+  readonly progressed: (partition: TopicPartition, progress: PartitionProgress, records: number) => void
+}
+
+/**
  * A policy at work for one session of a consumer.
  *
  * @since 0.1.0
@@ -101,13 +125,13 @@ export interface PolicyInstance {
     retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
   ) => Effect.Effect<void, E | PolicyError, R>
   /**
-   * A policy that has this lets the records of a partition finish out of offset order under `key` and `unordered`
+   * A policy that has this lets the records of a partition finish out of order under `key` and `unordered`
    * ordering, across fetched chunks: instead of `process` per chunk, the runloop hands records to the handler as their
-   * keys come free, and tells the policy, as records finish, of the partition's progress (the lowest offset not
-   * finished, and the ranges finished above it). A policy without it has each chunk handled as one unit, its records
-   * side by side as the ordering allows.
+   * keys come free, a few of one key at a time, through `handle`, and tells the policy, once they finished, of the
+   * partition's progress (the lowest offset not finished, and the ranges finished above it). A policy without it has
+   * each chunk handled as one unit, its records side by side as the ordering allows.
    */
-  readonly progressed?: (partition: TopicPartition, progress: PartitionProgress, records: number) => void
+  readonly outOfOrder?: OutOfOrder
   /**
    * Ranges above a partition's start position that an earlier owner finished (read on assign): their records are not
    * handled again.

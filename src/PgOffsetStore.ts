@@ -96,6 +96,8 @@ class TransactionClosed extends Error {
 class PgTransaction {
   /** False once the work has ended. */
   open = true
+  /** True once COMMIT or ROLLBACK was asked for: the store sends nothing more in the transaction. */
+  ending = false
   /** Why the unit's connection is gone, once the store has noticed it closed. */
   lost: unknown = undefined
   /** The last failure of the work's own statements that passes, raised through `query`. */
@@ -636,23 +638,28 @@ const make = (
     // A unit of a chunk on a partition without finished ranges (the usual case) is one statement. Otherwise the row is
     // locked and read (`for update`: units of the same owner committing side by side take turns here, each adding its
     // ranges to what the one before stored), and written back.
-    const storePosition = async (tx: postgres.TransactionSql, unit: CommitUnit) => {
+    // Each statement is put on the transaction's connection at once (`execute`), and only while the transaction is
+    // neither ending nor gone: a statement made after its ROLLBACK would run on the connection outside it, in another
+    // session's transaction or in none, and store a position without the unit's results.
+    const storePosition = async (tx: postgres.TransactionSql, handle: PgTransaction, unit: CommitUnit) => {
+      const send = (query: string, parameters: ReadonlyArray<unknown>) => {
+        if (handle.ending || !handle.alive()) {
+          throw new TransactionClosed("UNIT_ENDED", "the unit's transaction is ending; nothing more is sent in it")
+        }
+        return tx.unsafe(query, parameters as Array<postgres.ParameterOrJSON<never>>, prepared).values().execute()
+      }
       const where = "where group_id = $1 and topic = $2 and partition = $3::int and epoch = $4::bigint"
       const place = [unit.groupId, unit.partition.topic, unit.partition.partition, unit.epoch.toString()]
       if (unit.finished === undefined || unit.finished.length === 0) {
-        const simple = await tx.unsafe(
+        const simple = await send(
           `update ${table} set next_offset = greatest(next_offset, $5::bigint), updated_at = now()
            ${where} and finished is null
            returning txid_current()::text`,
-          [...place, unit.next.toString()],
-          prepared
-        ).values()
+          [...place, unit.next.toString()]
+        )
         if (simple.length > 0) return simple
       }
-      const rows = decodeStored(
-        await tx.unsafe(`select next_offset::text, finished from ${table} ${where} for update`, place, prepared)
-          .values()
-      )
+      const rows = decodeStored(await send(`select next_offset::text, finished from ${table} ${where} for update`, place))
       if (rows.length === 0) return []
       const [next, finishedText] = rows[0]!
       const position = next === null ? null : BigInt(next)
@@ -661,12 +668,11 @@ const make = (
         unit
       )
       const text = Progress.encode(stored.position, stored.finished, Number.POSITIVE_INFINITY)
-      return tx.unsafe(
+      return send(
         `update ${table} set next_offset = $5::bigint, finished = $6, updated_at = now() ${where}
          returning txid_current()::text`,
-        [...place, stored.position.toString(), text === "" ? null : text],
-        prepared
-      ).values()
+        [...place, stored.position.toString(), text === "" ? null : text]
+      )
     }
 
     const fenced = (
@@ -772,6 +778,7 @@ const make = (
     // Ends the transaction with COMMIT, unless its connection is gone: then nothing may be sent on it any more.
     const commitSession = (session: Session): Effect.Effect<void, OffsetStoreError | Transient> =>
       onUnit(session.handle, () => {
+        session.handle.ending = true
         session.finish(true)
         return session.outcome
       }).pipe(Effect.asVoid)
@@ -780,6 +787,7 @@ const make = (
     // running on the connection. A transaction whose connection is gone is left as it is: the server rolled it back.
     const rollback = (session: Session): Effect.Effect<void> =>
       Effect.suspend(() => {
+        session.handle.ending = true
         if (!session.handle.alive()) return Effect.void
         session.finish(false)
         return Effect.tryPromise(() => Promise.race([session.outcome, session.handle.closed])).pipe(
@@ -816,7 +824,7 @@ const make = (
               }
               return yield* exit
             }
-            const stored = decodeText(yield* onUnit(handle, () => storePosition(tx, unit)))
+            const stored = decodeText(yield* onUnit(handle, () => storePosition(tx, handle, unit)))
             if (stored.length === 0) return yield* fenced(tx, handle, unit)
             const xid = stored[0][0] ?? ""
             // Once COMMIT is sent, its answer is awaited: an interruption now could not undo it.

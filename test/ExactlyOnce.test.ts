@@ -121,6 +121,31 @@ describe("exactly-once end to end on the in-memory broker, with crashes and reba
       const outcome = yield* runWorkload({ ...workload, seed: 103 }, transactionalPlan(pgSink(groupId)))
       exactlyOnce(outcome)
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))), { timeout: 120_000 })
+
+  it.live("file store, key ordering: units of records finished out of order, each result stored exactly once", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectory({ prefix: "eos-key-" })
+      yield* Effect.addFinalizer(() =>
+        fs.remove(dir, { recursive: true }).pipe(Effect.retry({ times: 5 }), Effect.ignore)
+      )
+      const outcome = yield* runWorkload(
+        { ...workload, records: 3_000, seed: 105, ordering: "key", keys: 50, concurrency: 16 },
+        transactionalPlan(appendSink)
+      ).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(dir))))
+      exactlyOnce(outcome)
+    }).pipe(Effect.scoped, Effect.provide(NodeContext.layer)), { timeout: 120_000 })
+
+  it.live("Postgres store, key ordering: units of records finished out of order, each result stored exactly once", () =>
+    Effect.gen(function*() {
+      yield* pgReady
+      const groupId = `lab-transactional-106-group`
+      const outcome = yield* runWorkload(
+        { ...workload, records: 3_000, seed: 106, ordering: "key", keys: 50, concurrency: 16 },
+        transactionalPlan(pgSink(groupId))
+      )
+      exactlyOnce(outcome)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))), { timeout: 120_000 })
 })
 
 /**

@@ -2,11 +2,13 @@ import { assert, describe, it } from "@effect/vitest"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
+import * as Layer from "effect/Layer"
 import * as TestClock from "effect/TestClock"
 import * as fc from "effect/FastCheck"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import * as OffsetStore from "../src/OffsetStore.js"
 import { decode, encode, Progress, type Range } from "../src/internal/progress.js"
 import { settled } from "./support/kit.js"
 
@@ -191,6 +193,53 @@ describe("commitAfter with records finishing out of order", () => {
       assert.strictEqual(new Set(handled).size, 1000)
     })).pipe(Effect.ensuring(Effect.suspend(() => release === undefined ? Effect.void : Deferred.succeed(release, undefined))))
   })
+})
+
+describe("transactional with records finishing out of order", () => {
+  it.effect("a slow key holds the gap while later records commit unit by unit; after a crash, only the record in flight is handled again, and every result is stored once", () =>
+    Effect.gen(function*() {
+      yield* InMemoryKafka.createTopic("eos", 1)
+      yield* InMemoryKafka.produce(
+        "eos",
+        Array.from({ length: 1000 }, (_, i) => ({ key: i === 0 ? "slow" : `k${i % 100}`, value: `${i}`, partition: 0 }))
+      )
+      const never = yield* Deferred.make<void>()
+      let handledA = 0
+      const config = { groupId: "g", topics: ["eos"], maxPollRecords: 100, ordering: "key", concurrency: 8 } as const
+      const policy = CommitPolicy.transactional()
+      yield* Consumer.runEach(config, (record) =>
+        text(record.key) === "slow"
+          ? Deferred.await(never)
+          : Effect.zipRight(
+            OffsetStore.append([String(record.offset)]),
+            Effect.sync(() => {
+              handledA++
+            })
+          )).pipe(Effect.provide(policy), Effect.forkDaemon)
+      yield* settled("every record but the slow one stored", Effect.sync(() => handledA === 999))
+      const store = yield* OffsetStore.OffsetStore
+      assert.deepStrictEqual(yield* store.load("g", [{ topic: "eos", partition: 0 }]), new Map([["eos-0", 0n]]))
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const [member] = yield* kafka.members("g")
+      yield* kafka.kill(member!.memberId)
+
+      const handledB: Array<bigint> = []
+      const b = yield* Consumer.runEach(config, (record) =>
+        Effect.zipRight(
+          OffsetStore.append([String(record.offset)]),
+          Effect.sync(() => {
+            handledB.push(record.offset)
+          })
+        )).pipe(Effect.provide(policy), Effect.fork)
+      yield* settled(
+        "the new owner done",
+        Effect.map(store.load("g", [{ topic: "eos", partition: 0 }]), (p) => p.get("eos-0") === 1000n)
+      )
+      yield* Fiber.interrupt(b)
+      assert.deepStrictEqual(handledB, [0n], "the new owner handles the record that was in flight, and no other")
+      const results = (yield* OffsetStore.results("g")).map(Number).sort((x, y) => x - y)
+      assert.deepStrictEqual(results, Array.from({ length: 1000 }, (_, i) => i), "every result once")
+    }).pipe(Effect.provide(Layer.mergeAll(InMemoryKafka.layer(), OffsetStore.layerMemory))))
 })
 
 describe("key ordering with members joining and leaving", () => {

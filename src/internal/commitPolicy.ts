@@ -210,6 +210,18 @@ const makeCommitter = (context: PolicyContext) =>
     } as const
   })
 
+/** The handler with the consumer's retries, between the crash points around it. */
+const handled = <E, R>(
+  context: PolicyContext,
+  partition: TopicPartition.TopicPartition,
+  work: Effect.Effect<void, E, R>,
+  retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
+): Effect.Effect<void, E, R> =>
+  andThen(
+    context.crashAt("beforeHandler", [partition]),
+    andThen(context.guard(retry(work)), context.crashAt("afterHandler", [partition]))
+  )
+
 /** Where a partition starts when Kafka holds the position: the committed offset, when there is one. */
 const kafkaStartPositions = (session: DriverSession, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
   session.committed(partitions)
@@ -296,7 +308,10 @@ export const autoCommit = (
           yield* context.crashAt("afterHandler", [partition])
         }),
       // Positions follow what was fetched, not what finished: records may finish in any order.
-      progressed: () => {},
+      outOfOrder: {
+        handle: (partition, _next, _finished, work, retry) => handled(context, partition, work, retry),
+        progressed: () => {}
+      },
       // kafka-clients commits synchronously before a rebalance when auto commit is on.
       revoke: committer.revoke,
       lost: committer.forget
@@ -360,8 +375,11 @@ export const commitAfter = (
       },
       // Records finishing out of order: the commit carries the lowest unfinished offset as the position and the
       // ranges finished above it as the position's metadata.
-      progressed: (partition, progress, records) => {
-        if (committer.unsafeTrack(partition, progress, records) >= maxBatch) due.unsafeOffer(undefined)
+      outOfOrder: {
+        handle: (partition, _next, _finished, work, retry) => handled(context, partition, work, retry),
+        progressed: (partition, progress, records) => {
+          if (committer.unsafeTrack(partition, progress, records) >= maxBatch) due.unsafeOffer(undefined)
+        }
       },
       delivered: () => Effect.void,
       polled: Effect.void,
@@ -393,9 +411,42 @@ export const transactionalLayer = (
           Effect.sync(() => {
             // The owner epoch of each owned partition, from the claim made on assign.
             const epochs = new Map<string, bigint>()
+            // Ranges the earlier owners finished above the stored position, from the claim, taken by the runloop.
+            const finishedBefore = new Map<string, ReadonlyArray<readonly [bigint, bigint]>>()
             const forget = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
               Effect.sync(() => {
-                for (const tp of partitions) epochs.delete(TopicPartition.key(tp))
+                for (const tp of partitions) {
+                  epochs.delete(TopicPartition.key(tp))
+                  finishedBefore.delete(TopicPartition.key(tp))
+                }
+              })
+            // One unit of the store: the handler's writes, and the position (or the ranges finished) with them.
+            const unitOf = <E, R>(
+              partition: TopicPartition.TopicPartition,
+              next: bigint,
+              finished: ReadonlyArray<readonly [bigint, bigint]> | undefined,
+              work: Effect.Effect<void, E, R>,
+              retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
+            ): Effect.Effect<void, E | PolicyError, R> =>
+              Effect.gen(function*() {
+                const epoch = epochs.get(TopicPartition.key(partition))
+                // Work of a partition this member no longer owns (left running after a revoke) commits nothing.
+                if (epoch === undefined) return
+                yield* context.crashAt("beforeHandler", [partition])
+                const unit = { groupId: context.groupId, partition, epoch, next, finished }
+                yield* retry(context.guard(store.commit(
+                  unit,
+                  work.pipe(
+                    Effect.zipLeft(context.crashAt("afterHandler", [partition])),
+                    Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
+                  )
+                )))
+                yield* context.crashAt("afterCommit", [partition])
+                if (commitToKafka && finished === undefined) {
+                  yield* context.guard(context.session.commit(OffsetBatch.of(partition, next))).pipe(
+                    Effect.catchAll((error) => Effect.logDebug("position hint not committed to Kafka", error))
+                  )
+                }
               })
             const instance: PolicyInstance = {
               name: "transactional",
@@ -405,32 +456,28 @@ export const transactionalLayer = (
                   for (const [k, claim] of claims) {
                     epochs.set(k, claim.epoch)
                     if (claim.position !== null) positions.set(k, claim.position)
+                    if (claim.finished !== undefined && claim.finished.length > 0) {
+                      finishedBefore.set(k, claim.finished)
+                    } else {
+                      finishedBefore.delete(k)
+                    }
                   }
                   return positions
                 }),
+              finishedOnAssign: (partition) => {
+                const k = TopicPartition.key(partition)
+                const finished = finishedBefore.get(k) ?? []
+                finishedBefore.delete(k)
+                return finished
+              },
               delivered: () => Effect.void,
               polled: Effect.void,
-              process: (partition, _records, next, work, retry) =>
-                Effect.gen(function*() {
-                  const epoch = epochs.get(TopicPartition.key(partition))
-                  // Work of a partition this member no longer owns (left running after a revoke) commits nothing.
-                  if (epoch === undefined) return
-                  yield* context.crashAt("beforeHandler", [partition])
-                  const unit = { groupId: context.groupId, partition, epoch, next }
-                  yield* retry(context.guard(store.commit(
-                    unit,
-                    work.pipe(
-                      Effect.zipLeft(context.crashAt("afterHandler", [partition])),
-                      Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
-                    )
-                  )))
-                  yield* context.crashAt("afterCommit", [partition])
-                  if (commitToKafka) {
-                    yield* context.guard(context.session.commit(OffsetBatch.of(partition, next))).pipe(
-                      Effect.catchAll((error) => Effect.logDebug("position hint not committed to Kafka", error))
-                    )
-                  }
-                }),
+              process: (partition, _records, next, work, retry) => unitOf(partition, next, undefined, work, retry),
+              // Records finishing out of order: a unit per few records of a key, naming the ranges it finished.
+              outOfOrder: {
+                handle: (partition, next, finished, work, retry) => unitOf(partition, next, finished, work, retry),
+                progressed: () => {}
+              },
               revoke: forget,
               lost: forget
             }

@@ -20,6 +20,8 @@ export class Progress {
   /** Where the partition continues after the ranges added so far. */
   private end: bigint
   private skipAt = 0
+  /** Indexes handed out stay valid across compactions: they count from the first range ever added. */
+  private offsetBase = 0
 
   /**
    * `position`: where the partition starts; `skip`: ranges above it that an earlier owner finished (sorted, apart).
@@ -40,6 +42,12 @@ export class Progress {
     return range !== undefined && range[0] <= offset
   }
 
+  /** Whether every range an earlier owner finished lies below `offset`. */
+  passed(offset: bigint): boolean {
+    const last = this.skip[this.skip.length - 1]
+    return last === undefined || last[1] <= offset
+  }
+
   /** Adds the range up to `until` (a record's, or offsets holding nothing to read); returns its index. */
   add(until: bigint, finished: boolean): number {
     const from = this.end
@@ -58,8 +66,11 @@ export class Progress {
     return this.starts.length - 1 + this.offsetBase
   }
 
-  /** Indexes handed out stay valid across compactions: they count from the first range ever added. */
-  private offsetBase = 0
+  /** The offsets the range at `index` covers. */
+  rangeOf(index: number): Range {
+    const at = index - this.offsetBase
+    return [this.starts[at]!, this.ends[at]!]
+  }
 
   /** The range at `index` finished. */
   finish(index: number): void {

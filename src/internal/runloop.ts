@@ -29,7 +29,7 @@ import { Fenced } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
 import { concurrently, keyText, type Ordering } from "./ordering.js"
 import * as Permits from "./permits.js"
-import { Progress } from "./progress.js"
+import { Progress, type Range } from "./progress.js"
 import { retryAfterFailure } from "./retry.js"
 
 /** Where a partition starts when it has no position, or one outside its log. */
@@ -126,6 +126,8 @@ interface PartitionState {
   worker: Fiber.RuntimeFiber<void> | undefined
   /** When records finish out of order: the lowest unfinished offset and the ranges finished above it. */
   readonly progress: Progress | undefined
+  /** When chunks are units: the ranges an earlier owner finished out of order, whose records are left out. */
+  skip: Progress | undefined
 }
 
 /** Records of one key (or one record without a key, or any one record when unordered) waiting to be handled. */
@@ -142,13 +144,6 @@ interface Lane {
  */
 const within = <A, E, R>(effect: Effect.Effect<A, E, R>, duration: Duration.Duration) =>
   Effect.disconnect(Effect.interruptible(Effect.timeoutOption(Effect.disconnect(effect), duration)))
-
-/** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
-const andThen = <E1, R1, E2, R2>(
-  first: Effect.Effect<void, E1, R1>,
-  second: Effect.Effect<void, E2, R2>
-): Effect.Effect<void, E1 | E2, R1 | R2> =>
-  first === Effect.void ? second : second === Effect.void ? first : Effect.zipRight(first, second)
 
 const keysOf = (states: ReadonlyArray<PartitionState>) => states.map((s) => s.key).join(", ")
 
@@ -284,14 +279,14 @@ const runSession = <E, R, EH, RH>(
     const { ordering, concurrency } = config
     const { permits } = env
     // Records finish out of order, across chunks, when the ordering allows it and the policy can commit that way.
-    const progressed = ordering === "partition" ? undefined : policy.progressed
+    const outOfOrder = ordering === "partition" ? undefined : policy.outOfOrder
     const maxWindow = windowPerBuffer * config.bufferSize
     /** Whether the partition may fetch more: records not finished, and the window behind them, stay bounded. */
     const roomFor = (state: PartitionState) =>
       state.outstanding + maxPoll <= config.bufferSize &&
       (state.progress === undefined || state.progress.window + maxPoll <= maxWindow)
     // A policy that handles a chunk as a unit: the chunk's records side by side, as the ordering allows.
-    const chunkWork: Work<E, R> = ordering === "partition" || progressed !== undefined
+    const chunkWork: Work<E, R> = ordering === "partition" || outOfOrder !== undefined
       ? work
       : (records, tp) => concurrently(records, ordering, permits, concurrency, (lane) => work(lane, tp))
 
@@ -330,6 +325,15 @@ const runSession = <E, R, EH, RH>(
       return Effect.fail(error)
     }
 
+    /** A chunk without the records an earlier owner finished; past the last such range, chunks are taken whole. */
+    const withoutFinished = (state: PartitionState, records: Chunk.Chunk<ConsumerRecord>) => {
+      const skip = state.skip!
+      if (Chunk.isEmpty(records)) return records
+      const kept = Chunk.filter(records, (r) => !skip.finishedBefore(r.offset))
+      if (skip.passed(Chunk.unsafeLast(records).offset)) state.skip = undefined
+      return kept
+    }
+
     // Chunks one after another, each as it was fetched. The worker takes every chunk waiting at once and handles
     // them in a loop of flatMaps rather than a generator: this runs once per chunk.
     // Forked in the poll loop, the worker runs with the consumer's services, the handler's among them.
@@ -340,12 +344,14 @@ const runSession = <E, R, EH, RH>(
       const next = (chunks: Chunk.Chunk<Fetched>, at: number, done: boolean): Step => {
         if (state.stopping || (done && at === Chunk.size(chunks))) return Effect.void
         if (at === Chunk.size(chunks)) return loop
-        const { next: position, records } = Chunk.unsafeGet(chunks, at)
+        const { next: position, records: fetched } = Chunk.unsafeGet(chunks, at)
+        const records = state.skip === undefined ? fetched : withoutFinished(state, fetched)
+        // A chunk whose every record an earlier owner finished still moves the position, as an empty one does.
         const handled = Chunk.isEmpty(records) ? Effect.void : chunkWork(records, tp)
         return policy.process(tp, records, position, handled, retry).pipe(
           Effect.catchAll((error) => failed(state, records, error)),
           Effect.flatMap(() => {
-            state.outstanding -= Chunk.size(records)
+            state.outstanding -= Chunk.size(fetched)
             return state.paused
               ? Effect.zipRight(maybeResume(state), Effect.suspend(() => next(chunks, at + 1, done)))
               : next(chunks, at + 1, done)
@@ -363,7 +369,7 @@ const runSession = <E, R, EH, RH>(
     // the partition's next owner.
     const pipelineWorker = (
       state: PartitionState,
-      tell: NonNullable<PolicyInstance["progressed"]>
+      policyOf: NonNullable<PolicyInstance["outOfOrder"]>
     ): Effect.Effect<void, never, R> => {
       const tp = state.tp
       const progress = state.progress!
@@ -392,16 +398,20 @@ const runSession = <E, R, EH, RH>(
         const indexes = lane.indexes
         lane.records = []
         lane.indexes = []
-        const handled = andThen(
-          crashAt("beforeHandler", [tp]),
-          andThen(guard(retry(work(records, tp))), crashAt("afterHandler", [tp]))
-        )
+        const finished: Array<Range> = []
+        for (const index of indexes) {
+          const range = progress.rangeOf(index)
+          const last = finished[finished.length - 1]
+          if (last !== undefined && last[1] === range[0]) finished[finished.length - 1] = [last[0], range[1]]
+          else finished.push(range)
+        }
+        const handled = policyOf.handle(tp, progress.position(), finished, work(records, tp), retry)
         return handled.pipe(
           Effect.catchAll((error) => failed(state, records, error)),
           Effect.flatMap(() => {
             for (const index of indexes) progress.finish(index)
             state.outstanding -= indexes.length
-            tell(tp, progress, indexes.length)
+            policyOf.progressed(tp, progress, indexes.length)
             const more = lane.records.length > 0 && !state.stopping ? handleLane(lane) : Effect.suspend(() => {
               if (lane.key !== undefined) byKey.delete(lane.key)
               return lanes
@@ -467,7 +477,7 @@ const runSession = <E, R, EH, RH>(
           }
         }
         if (finished > 0) state.outstanding -= finished
-        if (moved) tell(tp, progress, finished)
+        if (moved) policyOf.progressed(tp, progress, finished)
       }
 
       const drain = Effect.suspend(() => {
@@ -545,6 +555,8 @@ const runSession = <E, R, EH, RH>(
           const key = TopicPartition.key(tp)
           const position = yield* startPosition(tp, positions.get(key), ranges.get(key))
           yield* guard(session.seek(tp, position))
+          // Records an earlier owner finished out of order above the position are not handled again.
+          const finishedBefore = policy.finishedOnAssign?.(tp) ?? []
           const state: PartitionState = {
             tp,
             key,
@@ -557,13 +569,14 @@ const runSession = <E, R, EH, RH>(
             paused: false,
             stopping: false,
             worker: undefined,
-            progress: progressed === undefined ? undefined : new Progress(position, policy.finishedOnAssign?.(tp))
+            progress: outOfOrder === undefined ? undefined : new Progress(position, finishedBefore),
+            skip: outOfOrder === undefined && finishedBefore.length > 0 ? new Progress(position, finishedBefore) : undefined
           }
           owned.set(key, state)
           if (hooks.onAssign !== undefined) {
             yield* hooks.onAssign(tp).pipe(Scope.extend(state.scope))
           }
-          state.worker = yield* (progressed === undefined ? worker(state) : pipelineWorker(state, progressed)).pipe(
+          state.worker = yield* (outOfOrder === undefined ? worker(state) : pipelineWorker(state, outOfOrder)).pipe(
             Effect.catchAllCause(report),
             Effect.forkIn(state.scope)
           )
