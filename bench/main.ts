@@ -20,7 +20,7 @@ import { withBroker } from "./broker.js"
 import { type BenchResult, loadAverage, type Plan, renderResult } from "./harness.js"
 import { inMemory } from "./inMemory.js"
 import { exactlyOnce, type PostgresSizes } from "./postgres.js"
-import { orderingInMemory, orderingKafka, type OrderingSizes } from "./ordering.js"
+import { orderingInMemory, orderingKafka, orderingPostgres, type OrderingSizes } from "./ordering.js"
 import { manyFibers, pipeline, producerThroughput, type ProducerSizes } from "./producer.js"
 import { overhead, realistic, type RealBrokerSizes } from "./realBroker.js"
 import { makeTopics } from "./topics.js"
@@ -155,7 +155,11 @@ const main = async (): Promise<number> => {
   const wants = (id: BenchmarkId) => options.only.includes(id)
 
   if (wants("inmemory")) await attempt("inmemory", () => inMemory(plan, sizes.inMemoryRecords, 6))
-  if (wants("ordering")) await attempt("ordering-inmemory", () => orderingInMemory(plan, sizes.ordering))
+  if (wants("ordering")) {
+    await attempt("ordering-inmemory", () => orderingInMemory(plan, sizes.ordering))
+    const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
+    await attempt("ordering-postgres", () => orderingPostgres(plan, url, sizes.ordering))
+  }
   if (wants("postgres")) {
     const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
     await attempt("postgres", () => exactlyOnce(plan, url, sizes.postgres))

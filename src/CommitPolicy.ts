@@ -89,6 +89,12 @@ export interface OutOfOrder {
     work: Effect.Effect<void, E, R>,
     retry: <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
   ) => Effect.Effect<void, E | PolicyError, R>
+  /**
+   * The most records to hand to `handle` at once, from several keys one after another, when records are waiting: a
+   * unit that costs more than a record (a transaction of a store) is then paid for fewer times. Default 1: one key's
+   * waiting records at a time.
+   */
+  readonly unitRecords?: number
   /** Records finished (`records` more of them, or none when only offsets without records were passed). */
   readonly progressed: (partition: TopicPartition, progress: PartitionProgress, records: number) => void
 }
@@ -256,8 +262,10 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
  *
  * `commitToKafka` also commits each stored position to Kafka, so lag tools see progress; it is never read back.
  *
- * Under `key` or `unordered` ordering a fetched chunk is one unit: its records are handled side by side inside the
- * unit's transaction, and the partition's next chunk starts once it committed.
+ * Under `key` or `unordered` ordering records finish out of offset order, across fetched chunks: the records of a key
+ * handed to the handler together are one unit, which stores the offset ranges it finished (`CommitUnit.finished`).
+ * The store keeps, per partition, the position and the ranges finished above it; on assign the member starts at the
+ * position and skips those ranges. Units of one owner commit side by side; only the owner epoch fences them.
  *
  * @since 0.1.0
  * @category layers

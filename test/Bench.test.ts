@@ -37,6 +37,7 @@ const expected = [
   "producer-fibers",
   "pipeline",
   "ordering-inmemory",
+  "ordering-postgres",
   "ordering-kafka"
 ]
 

@@ -196,12 +196,13 @@ describe("commitAfter with records finishing out of order", () => {
 })
 
 describe("transactional with records finishing out of order", () => {
-  it.effect("a slow key holds the gap while later records commit unit by unit; after a crash, only the record in flight is handled again, and every result is stored once", () =>
+  it.effect("a slow key holds the gap while later records commit unit by unit; after a crash, only the records of the unit in flight are handled again, and every result is stored once", () =>
     Effect.gen(function*() {
       yield* InMemoryKafka.createTopic("eos", 1)
       yield* InMemoryKafka.produce(
         "eos",
-        Array.from({ length: 1000 }, (_, i) => ({ key: i === 0 ? "slow" : `k${i % 100}`, value: `${i}`, partition: 0 }))
+        // A key per record besides the slow one: the keys that share the slow record's unit have nothing behind them.
+        Array.from({ length: 1000 }, (_, i) => ({ key: i === 0 ? "slow" : `k${i}`, value: `${i}`, partition: 0 }))
       )
       const never = yield* Deferred.make<void>()
       let handledA = 0
@@ -216,7 +217,10 @@ describe("transactional with records finishing out of order", () => {
               handledA++
             })
           )).pipe(Effect.provide(policy), Effect.forkDaemon)
-      yield* settled("every record but the slow one stored", Effect.sync(() => handledA === 999))
+      // A unit takes up to 32 records of several keys when many wait: the slow record holds those of its unit.
+      yield* settled("every record but the slow one's unit stored", Effect.sync(() => handledA >= 1000 - 32))
+      for (let i = 0; i < 1000; i++) yield* Effect.yieldNow()
+      const stuck = 1000 - handledA
       const store = yield* OffsetStore.OffsetStore
       assert.deepStrictEqual(yield* store.load("g", [{ topic: "eos", partition: 0 }]), new Map([["eos-0", 0n]]))
       const kafka = yield* InMemoryKafka.InMemoryKafka
@@ -236,7 +240,9 @@ describe("transactional with records finishing out of order", () => {
         Effect.map(store.load("g", [{ topic: "eos", partition: 0 }]), (p) => p.get("eos-0") === 1000n)
       )
       yield* Fiber.interrupt(b)
-      assert.deepStrictEqual(handledB, [0n], "the new owner handles the record that was in flight, and no other")
+      assert.isAtMost(stuck, 32)
+      assert.strictEqual(handledB.length, stuck, "the new owner handles the records that were in flight, and no other")
+      assert.include(handledB, 0n)
       const results = (yield* OffsetStore.results("g")).map(Number).sort((x, y) => x - y)
       assert.deepStrictEqual(results, Array.from({ length: 1000 }, (_, i) => i), "every result once")
     }).pipe(Effect.provide(Layer.mergeAll(InMemoryKafka.layer(), OffsetStore.layerMemory))))

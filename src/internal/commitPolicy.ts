@@ -476,6 +476,7 @@ export const transactionalLayer = (
               // Records finishing out of order: a unit per few records of a key, naming the ranges it finished.
               outOfOrder: {
                 handle: (partition, next, finished, work, retry) => unitOf(partition, next, finished, work, retry),
+                unitRecords: 32,
                 progressed: () => {}
               },
               revoke: forget,

@@ -393,11 +393,34 @@ const runSession = <E, R, EH, RH>(
       }
 
       type Step = Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin, R>
-      const handleLane = (lane: Lane): Step => {
-        const records = Chunk.unsafeFromArray(lane.records)
-        const indexes = lane.indexes
-        lane.records = []
-        lane.indexes = []
+      // The records of a lane, or of several lanes one after another when the policy puts many records in a unit (a
+      // transaction of the store costs more than a record): as many lanes as leave every worker some, up to the
+      // policy's bound.
+      const takeBatch = (first: Lane): Array<Lane> => {
+        const batch = [first]
+        const most = policyOf.unitRecords ?? 1
+        if (most <= 1) return batch
+        let records = first.records.length
+        const share = Math.floor((ready.length - readyAt) / concurrency)
+        while (records < most && batch.length <= share) {
+          const lane = take()
+          if (lane === undefined) break
+          batch.push(lane)
+          records += lane.records.length
+        }
+        return batch
+      }
+
+      const handleBatch = (batch: Array<Lane>): Step => {
+        const indexes: Array<number> = []
+        const parts: Array<Chunk.Chunk<ConsumerRecord>> = []
+        for (const lane of batch) {
+          parts.push(Chunk.unsafeFromArray(lane.records))
+          for (const index of lane.indexes) indexes.push(index)
+          lane.records = []
+          lane.indexes = []
+        }
+        if (batch.length > 1) indexes.sort((a, b) => a - b)
         const finished: Array<Range> = []
         for (const index of indexes) {
           const range = progress.rangeOf(index)
@@ -405,24 +428,37 @@ const runSession = <E, R, EH, RH>(
           if (last !== undefined && last[1] === range[0]) finished[finished.length - 1] = [last[0], range[1]]
           else finished.push(range)
         }
-        const handled = policyOf.handle(tp, progress.position(), finished, work(records, tp), retry)
-        return handled.pipe(
+        const records = parts[0]!
+        const handler = parts.length === 1 ? work(records, tp) : Effect.forEach(parts, (part) =>
+          Effect.mapError(
+            work(part, tp),
+            (error) => error.offset === undefined ? new HandlerFailure(error.error, Chunk.unsafeHead(part).offset) : error
+          ), { discard: true })
+        return policyOf.handle(tp, progress.position(), finished, handler, retry).pipe(
           Effect.catchAll((error) => failed(state, records, error)),
           Effect.flatMap(() => {
             for (const index of indexes) progress.finish(index)
             state.outstanding -= indexes.length
             policyOf.progressed(tp, progress, indexes.length)
-            const more = lane.records.length > 0 && !state.stopping ? handleLane(lane) : Effect.suspend(() => {
-              if (lane.key !== undefined) byKey.delete(lane.key)
-              return lanes
-            })
+            let more: Step = lanes
+            if (batch.length === 1) {
+              // A key whose records came meanwhile goes on with them at once.
+              const lane = batch[0]!
+              if (lane.records.length > 0 && !state.stopping) more = handleBatch(takeBatch(lane))
+              else if (lane.key !== undefined) byKey.delete(lane.key)
+            } else {
+              for (const lane of batch) {
+                if (lane.records.length > 0) ready.push(lane)
+                else if (lane.key !== undefined) byKey.delete(lane.key)
+              }
+            }
             return state.paused ? Effect.zipRight(maybeResume(state), more) : more
           })
         )
       }
       const lanes: Step = Effect.suspend(() => {
         const lane = state.stopping ? undefined : take()
-        return lane === undefined ? Effect.void : handleLane(lane)
+        return lane === undefined ? Effect.void : handleBatch(takeBatch(lane))
       })
       const laneWorker = lanes.pipe(
         Effect.catchAllCause(report),
