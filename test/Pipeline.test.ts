@@ -2,6 +2,7 @@ import { assert, describe, it } from "@effect/vitest"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
+import * as FiberId from "effect/FiberId"
 import * as Layer from "effect/Layer"
 import * as TestClock from "effect/TestClock"
 import * as fc from "effect/FastCheck"
@@ -192,6 +193,71 @@ describe("commitAfter with records finishing out of order", () => {
       assert.isAtMost(fetched, 210, "fetching paused")
       assert.strictEqual(new Set(handled).size, 1000)
     })).pipe(Effect.ensuring(Effect.suspend(() => release === undefined ? Effect.void : Deferred.succeed(release, undefined))))
+  })
+})
+
+describe("revoke with records finishing out of order", () => {
+  it.live("takes no new record, waits for the handlers in flight, commits what finished, then releases; the next owner handles the rest once", () => {
+    const gate = Deferred.unsafeMake<void>(FiberId.none)
+    return withKafka(Effect.gen(function*() {
+      yield* InMemoryKafka.createTopic("rv", 1)
+      yield* InMemoryKafka.produce(
+        "rv",
+        Array.from({ length: 100 }, (_, i) => ({ key: `k${i}`, value: `${i}`, partition: 0 }))
+      )
+      const handled: Array<readonly [string, bigint]> = []
+      // Each member's assignments are counted: `a1` is a's first, whose revoke is the one under test.
+      const member = (name: string) => {
+        let assigns = 0
+        return Consumer.runEach(
+          { groupId: "g", topics: ["rv"], maxPollRecords: 100, ordering: "key", concurrency: 2 },
+          (record) =>
+            Effect.zipRight(
+              record.offset === 10n || record.offset === 20n ? Deferred.await(gate) : Effect.void,
+              Effect.sync(() => {
+                handled.push([`${name}${assigns}`, record.offset])
+              })
+            ),
+          {
+            onAssign: () =>
+              Effect.sync(() => {
+                assigns++
+              })
+          }
+        ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 hour" })), Effect.fork)
+      }
+      const a = yield* member("a")
+      // Both permits held by the two waiting records; the records after 20 wait for a permit.
+      yield* settled("a handled all it could", Effect.sync(() => handled.length === 19), 1_000_000)
+      yield* settled(
+        "the position committed up to the first record in flight",
+        Effect.map(InMemoryKafka.committed("g"), (c) => c.positions.get("rv-0") === 10n),
+        1_000_000
+      )
+      const before = yield* InMemoryKafka.committed("g")
+      const b = yield* member("b")
+      yield* Effect.sleep("300 millis")
+      const whileRevoking = yield* InMemoryKafka.committed("g")
+      const ownersWhileRevoking = yield* Effect.flatMap(InMemoryKafka.InMemoryKafka, (k) => k.members("g"))
+      const handledByBWhileRevoking = handled.filter(([n]) => n.startsWith("b")).length
+      yield* Deferred.succeed(gate, undefined)
+      yield* settled("every record handled", Effect.sync(() => new Set(handled.map(([, o]) => o)).size === 100), 1_000_000)
+      yield* Effect.sleep("100 millis")
+      yield* Fiber.interruptAll([a, b])
+      assert.deepStrictEqual(whileRevoking.positions, before.positions, "nothing more committed while the revoke waits")
+      assert.strictEqual(ownersWhileRevoking.length, 2)
+      assert.isAtMost(ownersWhileRevoking.filter((m) => m.partitions.length > 0).length, 1, "one owner at a time")
+      assert.strictEqual(handledByBWhileRevoking, 0, "the partition is not handed on while its handlers run")
+      const offsets = handled.map(([, o]) => o)
+      assert.strictEqual(offsets.length, 100, "each record once")
+      const firstAssignment = handled.filter(([n]) => n === "a1").map(([, o]) => o)
+      assert.deepStrictEqual(
+        firstAssignment.filter((o) => o > 20n),
+        [],
+        "after the revoke began, a started nothing new: the records after 20 went to the next assignment"
+      )
+      assert.includeMembers(firstAssignment, [10n, 20n], "the handlers in flight finished within the revoke")
+    })).pipe(Effect.ensuring(Deferred.succeed(gate, undefined)))
   })
 })
 

@@ -7,11 +7,12 @@ import * as FastCheck from "effect/FastCheck"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as TestClock from "effect/TestClock"
-import { isCrash, type Outcome, runWorkload, type Workload } from "../demo/lab.js"
+import { appendSink, isCrash, type Outcome, runWorkload, transactionalPlan, type Workload } from "../demo/lab.js"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import { type CrashPoint, crashPoints } from "../src/Faults.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import * as OffsetStore from "../src/OffsetStore.js"
 import { settled } from "./support/kit.js"
 
 const run = (workload: Workload) => runWorkload(workload).pipe(Effect.provide(InMemoryKafka.layer()))
@@ -79,7 +80,7 @@ describe("delivery guarantees under crashes at each point, with members joining 
     }))
 
   it.live.prop(
-    "property: for random crash points, batch sizes, member counts and orderings, commitAfter never loses and atMostOnce never duplicates",
+    "property: for random crash points, batch sizes, member counts and orderings, commitAfter never loses, atMostOnce never duplicates, transactional (memory store) does neither",
     {
       seed: FastCheck.integer({ min: 1, max: 1_000_000 }),
       consumers: FastCheck.integer({ min: 1, max: 4 }),
@@ -114,6 +115,11 @@ describe("delivery guarantees under crashes at each point, with members joining 
         }
         const alo = yield* run({ ...workload, policy: "commitAfter" })
         const amo = yield* run({ ...workload, policy: "atMostOnce" })
+        const eos = yield* runWorkload({ ...workload, policy: "transactional" }, transactionalPlan(appendSink)).pipe(
+          Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))
+        )
+        assert.strictEqual(eos.lost, 0, describeOutcome(eos))
+        assert.strictEqual(eos.duplicated, 0, describeOutcome(eos))
         assert.strictEqual(alo.lost, 0, describeOutcome(alo))
         assert.strictEqual(amo.duplicated, 0, describeOutcome(amo))
         assert.strictEqual(amo.delivered + amo.lost, workload.records, describeOutcome(amo))
