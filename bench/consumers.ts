@@ -27,7 +27,13 @@ export const settings = {
 } as const
 
 /** What a handler costs per record. */
-export type Work = "count" | "timer1ms"
+export type Work = "count" | "read" | "timer1ms"
+
+/**
+ * What "read" handlers add up from each record (its key's and value's lengths and its offset), kept where the
+ * optimizer cannot see that nobody looks at it.
+ */
+export const readings = { bytes: 0, offset: 0n }
 
 const sleep = (millis: number) => new Promise<void>((resolve) => setTimeout(resolve, millis))
 
@@ -109,6 +115,13 @@ export const rawKafkajs = async (
           eachBatch: async ({ batch }) => {
             if (work === "timer1ms") {
               for (let i = 0; i < batch.messages.length; i++) await sleep(1)
+            } else if (work === "read") {
+              const messages = batch.messages
+              for (let i = 0; i < messages.length; i++) {
+                const message = messages[i]!
+                readings.bytes += (message.key?.length ?? 0) + (message.value?.length ?? 0)
+                readings.offset = BigInt(message.offset)
+              }
             }
             counter.add(batch.messages.length)
           }
@@ -180,12 +193,26 @@ export const library = (
         ? Consumer.run(config, (records) =>
           work === "count"
             ? Effect.sync(() => counter.add(Chunk.size(records)))
+            : work === "read"
+            ? Effect.sync(() => {
+              for (const record of records) {
+                readings.bytes += (record.key?.length ?? 0) + (record.value?.length ?? 0)
+                readings.offset = record.offset
+              }
+              counter.add(Chunk.size(records))
+            })
             : Effect.forEach(records, () => Effect.zipRight(timer, Effect.sync(() => counter.add(1))), {
               discard: true
             }))
-        : Consumer.runEach(config, () =>
+        : Consumer.runEach(config, (record) =>
           work === "count"
             ? Effect.sync(() => counter.add(1))
+            : work === "read"
+            ? Effect.sync(() => {
+              readings.bytes += (record.key?.length ?? 0) + (record.value?.length ?? 0)
+              readings.offset = record.offset
+              counter.add(1)
+            })
             : Effect.zipRight(timer, Effect.sync(() => counter.add(1))))
       const policy = options.policy !== undefined
         ? options.policy

@@ -33,7 +33,13 @@ export const overhead = (
       { id: "a", label: "raw kafkajs eachBatch (count, no commits)", run: () => rawKafkajs(brokers, topic, "eachBatch", "count", false) },
       { id: "b", label: "raw kafkajs eachMessage (count, no commits)", run: () => rawKafkajs(brokers, topic, "eachMessage", "count", false) },
       { id: "c", label: "library run, chunk handler, commitAfter", run: () => library(driver, topic, "chunk", "count") },
-      { id: "d", label: "library runEach, commitAfter", run: () => library(driver, topic, "each", "count") }
+      { id: "d", label: "library runEach, commitAfter", run: () => library(driver, topic, "each", "count") },
+      {
+        id: "e",
+        label: "raw kafkajs eachBatch reading key, value, offset",
+        run: () => rawKafkajs(brokers, topic, "eachBatch", "read", false)
+      },
+      { id: "f", label: "library run, chunk handler reading key, value, offset", run: () => library(driver, topic, "chunk", "read") }
     ])
     return {
       id: `overhead-${valueBytes}b`,
@@ -42,13 +48,20 @@ export const overhead = (
       warmup: plan.warmup,
       rounds: plan.rounds,
       variants,
-      checks: [ratioAtLeast(variants, "c", "a", 0.95), ratioAtLeast(variants, "d", "b", 0.9)],
+      checks: [
+        ratioAtLeast(variants, "c", "a", 0.95),
+        ratioAtLeast(variants, "d", "b", 0.9),
+        ratioAtLeast(variants, "f", "e", 0.95),
+        ratioAtLeast(variants, "f", "a", 0.9)
+      ],
       notes: [
         "records/s after the first delivery (records handled after it / time since it): the group join is excluded; " +
         "the time to the first record and the rate including the join are reported next to it",
         "same fetch settings everywhere: maxWaitTime 100 ms, kafkajs default minBytes/maxBytes/maxBytesPerPartition, " +
         "partitionsConsumedConcurrently 6, sessionTimeout 10 s, heartbeat 3 s; a fresh group per run",
-        "library: commitAfter({ maxBatch: 1000, maxInterval: 1 s }), default maxPollRecords (500) and bufferSize"
+        "library: commitAfter({ maxBatch: 1000, maxInterval: 1 s }), default maxPollRecords (500) and bufferSize",
+        "e and f read each record's key and value lengths and its offset, as any real handler reads them; f/e compares " +
+        "the library with that baseline, f/a with the count-only one"
       ]
     }
   })
