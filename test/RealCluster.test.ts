@@ -62,6 +62,7 @@ const cluster = Effect.gen(function*() {
   return { port, brokers: line.slice("KAFKA_BROKERS=".length).trim() }
 })
 
+// During a failover the metadata may name a partition its broker no longer hosts: asked again until it settles.
 const leaderOf = (brokers: string, topic: string) =>
   Effect.tryPromise(async () => {
     const admin = new Kafka({ brokers: brokers.split(","), logLevel: logLevel.NOTHING }).admin()
@@ -72,7 +73,7 @@ const leaderOf = (brokers: string, topic: string) =>
     } finally {
       await admin.disconnect()
     }
-  })
+  }).pipe(Effect.retry({ times: 20, schedule: Schedule.spaced("500 millis") }))
 
 interface Outcome {
   readonly label: string

@@ -81,7 +81,8 @@ if (brokers) {
           rebalances: true,
           keys: 2_000,
           brokers,
-          databaseUrl
+          databaseUrl,
+          deadlineMillis: 15 * 60_000
         } as const
         const [byPartition, byKey, transactional] = yield* Effect.all([
           runRealWorkload({ ...base, policy: "commitAfter", seed: 4001 }),
@@ -96,7 +97,7 @@ if (brokers) {
           assert.isAtLeast(o.crashes, 20, text)
           assertGuarantee(o, text)
         }
-      }), { timeout: 15 * 60_000 })
+      }), { timeout: 20 * 60_000 })
 
     it.live("rebalance under load: two members join and one leaves while records flow", () =>
       Effect.gen(function*() {

@@ -38,9 +38,22 @@ class ResultsWriteFailed extends Data.TaggedError("ResultsWriteFailed")<{ readon
 
 const offsetsOf = (records: Chunk.Chunk<ConsumerRecord>) => Chunk.toReadonlyArray(Chunk.map(records, (r) => r.offset))
 
+// Under key ordering units run side by side, each holding a connection while it works: the pool grows with them.
 const transactionalLayer = (options: MemberOptions) =>
   CommitPolicy.transactional().pipe(
-    Layer.provide(PgOffsetStore.layer({ url: options.databaseUrl, table: options.offsetsTable, migrate: true }))
+    Layer.provide(
+      options.ordering === "partition"
+        ? PgOffsetStore.layer({ url: options.databaseUrl, table: options.offsetsTable, migrate: true })
+        : Layer.unwrapScoped(Effect.map(
+          Effect.acquireRelease(
+            Effect.sync(() =>
+              postgres(options.databaseUrl, { max: Math.min(16, options.concurrency), onnotice: () => {} })
+            ),
+            (sql) => Effect.promise(() => sql.end({ timeout: 5 }))
+          ),
+          (sql) => PgOffsetStore.layer({ sql, table: options.offsetsTable, migrate: true })
+        ))
+    )
   )
 
 const kafkaPolicyLayer = (policy: Exclude<MemberOptions["policy"], "transactional" | "kafkaTransactional">) => {

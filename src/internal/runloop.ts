@@ -394,13 +394,16 @@ const runSession = <E, R, EH, RH>(
 
       type Step = Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin, R>
       // The records of a lane, or of several lanes one after another when the policy puts many records in a unit (a
-      // transaction of the store costs more than a record): the lanes waiting, up to the policy's bound.
+      // transaction of the store costs more than a record) and many lanes wait: as many as leave every worker some,
+      // up to the policy's bound.
       const takeBatch = (first: Lane): Array<Lane> => {
         const batch = [first]
         const most = policyOf.unitRecords ?? 1
         if (most <= 1) return batch
         let records = first.records.length
-        while (records < most) {
+        // Only lanes beyond what the other workers can take: a unit never leaves workers idle to grow.
+        const share = Math.floor((ready.length - readyAt) / concurrency)
+        while (records < most && batch.length <= share) {
           const lane = take()
           if (lane === undefined) break
           batch.push(lane)
