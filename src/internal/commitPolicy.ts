@@ -210,6 +210,27 @@ const makeCommitter = (context: PolicyContext) =>
     } as const
   })
 
+/**
+ * Ranges an earlier owner finished above a partition's start position, as read on assign; the runloop takes each
+ * partition's once.
+ */
+const finishedRanges = () => {
+  const ranges = new Map<string, ReadonlyArray<readonly [bigint, bigint]>>()
+  return {
+    set: (k: string, finished: ReadonlyArray<readonly [bigint, bigint]> | undefined) => {
+      if (finished !== undefined && finished.length > 0) ranges.set(k, finished)
+      else ranges.delete(k)
+    },
+    forget: (k: string) => ranges.delete(k),
+    take: (partition: TopicPartition.TopicPartition): ReadonlyArray<readonly [bigint, bigint]> => {
+      const k = TopicPartition.key(partition)
+      const finished = ranges.get(k) ?? []
+      ranges.delete(k)
+      return finished
+    }
+  }
+}
+
 /** The handler with the consumer's retries, between the crash points around it. */
 const handled = <E, R>(
   context: PolicyContext,
@@ -350,7 +371,7 @@ export const commitAfter = (
       }).pipe(Effect.forever)
     )
     // Ranges the previous owners finished above their committed positions, read on assign, taken by the runloop.
-    const finishedBefore = new Map<string, ReadonlyArray<Progress.Range>>()
+    const finishedBefore = finishedRanges()
     return {
       name: "commitAfter",
       assign: (partitions) =>
@@ -360,19 +381,12 @@ export const commitAfter = (
             const positions = new Map<string, bigint>()
             for (const [k, { metadata, position }] of committed) {
               positions.set(k, position)
-              const finished = Progress.decode(position, metadata)
-              if (finished.length > 0) finishedBefore.set(k, finished)
-              else finishedBefore.delete(k)
+              finishedBefore.set(k, Progress.decode(position, metadata))
             }
             return positions
           })
         ),
-      finishedOnAssign: (partition) => {
-        const k = TopicPartition.key(partition)
-        const finished = finishedBefore.get(k) ?? []
-        finishedBefore.delete(k)
-        return finished
-      },
+      finishedOnAssign: finishedBefore.take,
       // Records finishing out of order: the commit carries the lowest unfinished offset as the position and the
       // ranges finished above it as the position's metadata.
       outOfOrder: {
@@ -412,12 +426,12 @@ export const transactionalLayer = (
             // The owner epoch of each owned partition, from the claim made on assign.
             const epochs = new Map<string, bigint>()
             // Ranges the earlier owners finished above the stored position, from the claim, taken by the runloop.
-            const finishedBefore = new Map<string, ReadonlyArray<readonly [bigint, bigint]>>()
+            const finishedBefore = finishedRanges()
             const forget = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
               Effect.sync(() => {
                 for (const tp of partitions) {
                   epochs.delete(TopicPartition.key(tp))
-                  finishedBefore.delete(TopicPartition.key(tp))
+                  finishedBefore.forget(TopicPartition.key(tp))
                 }
               })
             // One unit of the store: the handler's writes, and the position (or the ranges finished) with them.
@@ -456,20 +470,11 @@ export const transactionalLayer = (
                   for (const [k, claim] of claims) {
                     epochs.set(k, claim.epoch)
                     if (claim.position !== null) positions.set(k, claim.position)
-                    if (claim.finished !== undefined && claim.finished.length > 0) {
-                      finishedBefore.set(k, claim.finished)
-                    } else {
-                      finishedBefore.delete(k)
-                    }
+                    finishedBefore.set(k, claim.finished)
                   }
                   return positions
                 }),
-              finishedOnAssign: (partition) => {
-                const k = TopicPartition.key(partition)
-                const finished = finishedBefore.get(k) ?? []
-                finishedBefore.delete(k)
-                return finished
-              },
+              finishedOnAssign: finishedBefore.take,
               delivered: () => Effect.void,
               polled: Effect.void,
               process: (partition, _records, next, work, retry) => unitOf(partition, next, undefined, work, retry),

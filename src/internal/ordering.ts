@@ -13,12 +13,8 @@ export type Ordering = "partition" | "key" | "unordered"
 
 /** A key's bytes as a string that equals another key's exactly when their bytes do. */
 export const keyText = (key: Uint8Array): string => {
-  // One string built at once for the usual short key; a long one in slices (arguments have a bound).
-  if (key.length <= 1024) return String.fromCharCode.apply(null, key as unknown as Array<number>)
   let text = ""
-  for (let i = 0; i < key.length; i += 1024) {
-    text += String.fromCharCode.apply(null, key.subarray(i, i + 1024) as unknown as Array<number>)
-  }
+  for (let i = 0; i < key.length; i++) text += String.fromCharCode(key[i]!)
   return text
 }
 
