@@ -34,8 +34,32 @@ export const withAdmin = <A>(brokers: string, f: (admin: Admin) => Promise<A>) =
     (admin) => promise("admin disconnect", () => admin.disconnect()).pipe(Effect.ignore)
   )
 
-/** One transaction of a transactional producer, committed or aborted. */
+/**
+ * One transaction of a transactional producer, committed or aborted, and its marker in the partition's log: the
+ * coordinator writes markers after EndTxn has answered, so without the wait a write made next could land before it.
+ */
 export const transaction = (
+  brokers: string,
+  topic: string,
+  partition: number,
+  messages: ReadonlyArray<{ readonly key: string; readonly value: string }>,
+  outcome: "commit" | "abort"
+) =>
+  Effect.gen(function*() {
+    const before = (yield* KafkaJs.endOffsets(brokers, topic)).get(partition) ?? 0n
+    yield* transactionOnly(brokers, topic, partition, messages, outcome)
+    const marked = before + BigInt(messages.length) + 1n
+    const end = yield* KafkaJs.endOffsets(brokers, topic).pipe(
+      Effect.map((ends) => ends.get(partition) ?? 0n),
+      Effect.repeat({ schedule: Schedule.spaced("20 millis"), until: (end) => end >= marked }),
+      Effect.timeoutOption("30 seconds")
+    )
+    if (end._tag === "None") {
+      return yield* Effect.fail(new Error(`${topic}-${partition}: the ${outcome} marker not written within 30 seconds`))
+    }
+  })
+
+const transactionOnly = (
   brokers: string,
   topic: string,
   partition: number,
