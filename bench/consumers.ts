@@ -181,7 +181,7 @@ export const library = (
       const done = yield* Deferred.make<void>()
       const started = performance.now()
       const counter = new Counter(topic.records, started, () => Deferred.unsafeDone(done, Exit.void))
-      const config: Consumer.Config = {
+      const config: Omit<Consumer.Config, "onFailure"> = {
         groupId: freshGroup(`lib-${handler}`),
         topics: [topic.name],
         sessionTimeout: Duration.millis(settings.sessionTimeoutMs),

@@ -314,7 +314,11 @@ const afterUnit = <R>(
   )
 
 /** The consumer settings of the exactly-once plans: no handler retries, a short session when zombies are wanted. */
-const exactlyOnceConfig = (workload: Workload, groupId: string, topic: string): Consumer.Config => ({
+const exactlyOnceConfig = (
+  workload: Workload,
+  groupId: string,
+  topic: string
+): Omit<Consumer.Config, "onFailure"> => ({
   groupId,
   topics: [topic],
   maxPollRecords: workload.maxPollRecords ?? 50,

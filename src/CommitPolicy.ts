@@ -143,6 +143,21 @@ export interface PolicyInstance {
    * handled again.
    */
   readonly finishedOnAssign?: (partition: TopicPartition) => ReadonlyArray<readonly [from: bigint, until: bigint]>
+  /**
+   * How a record whose handler keeps failing is set aside when the consumer has a failure route (`onFailure`):
+   *
+   * - `"inPlace"` (the default): the record is retried alone and, failing still, routed inside the unit, which goes on
+   *   with the records after it;
+   * - `"once"`: the handler runs once per record; a record it failed on is routed at once, inside the unit;
+   * - `"rerun"`: a failed unit is rolled back, and runs again with that record routed instead of handled (its failed
+   *   attempts leave nothing behind).
+   */
+  readonly failedRecords?: "inPlace" | "once" | "rerun"
+  /**
+   * Under `"rerun"`: whether what the unit's `Producer` writes is part of the unit, taken back when it is rolled back
+   * (a Kafka transaction). Then a routed record is written again each time its unit runs; else once.
+   */
+  readonly unitHoldsWrites?: boolean
   /** The partitions are being revoked: commit or store their final positions now. */
   readonly revoke: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void, PolicyError>
   /** The partitions are already gone: forget what was pending for them. */

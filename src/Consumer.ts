@@ -18,19 +18,26 @@ import * as Stream from "effect/Stream"
 import type { CommitPolicy } from "./CommitPolicy.js"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { Driver, IsolationLevel } from "./Driver.js"
-import * as config from "./internal/config.js"
+import * as Codec from "./Codec.js"
+import * as FailureRoute from "./FailureRoute.js"
+import * as config_ from "./internal/config.js"
+import type { RouteSettings } from "./internal/route.js"
 import * as runloop from "./internal/runloop.js"
 import {
+  type CircuitOpen,
   type CommitFailed,
   ConfigError,
+  DecodeFailed,
   type DriverError,
   type HandlerFailed,
   type OffsetOutOfRange,
   type PartitionsLost,
+  type ProduceFailed,
   type TransactionFailed,
   type WorkerStuck
 } from "./KafkaError.js"
 import type { Fenced, OffsetStoreError } from "./OffsetStore.js"
+import type { Producer } from "./Producer.js"
 import * as TopicPartition from "./TopicPartition.js"
 
 /**
@@ -113,7 +120,37 @@ export interface Config {
    * consumer. Default 64.
    */
   readonly concurrency?: number
+  /**
+   * Where a record goes when the handler keeps failing on it after its retries (or when it does not decode):
+   * `FailureRoute.stop` (the default) ends the consumer with `HandlerFailed`; `FailureRoute.deadLetter({ topic })`
+   * writes it to a dead-letter topic and goes on. See `FailureRoute` for the guarantee under each policy. With a
+   * dead-letter route the consumer needs a `Producer`, and can end with `ProduceFailed` (the dead-letter write failed)
+   * or `CircuitOpen`.
+   */
+  readonly onFailure?: FailureRoute.FailureRoute
 }
+
+type RouteOf<C extends Config> = "onFailure" extends keyof C ? C["onFailure"] : undefined
+
+/**
+ * What a consumer with the configuration `C` needs besides the driver, the policy and the handler's services: a
+ * `Producer` when it may dead-letter records.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Requires<C extends Config> = [RouteOf<C>] extends [FailureRoute.Stop | undefined] ? never : Producer
+
+/**
+ * How a consumer with the configuration `C` can end because of its handler's error `E`: with `HandlerFailed` under
+ * the `stop` route; with `ProduceFailed` (the dead-letter write failed) or `CircuitOpen` under `deadLetter`.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Failures<C extends Config, E> = [RouteOf<C>] extends [FailureRoute.Stop | undefined] ? HandlerFailed<E>
+  : [RouteOf<C>] extends [FailureRoute.DeadLetter] ? ProduceFailed | CircuitOpen<E>
+  : HandlerFailed<E> | ProduceFailed | CircuitOpen<E>
 
 /**
  * Errors a consumer can end with, besides the handler's own (in `HandlerFailed`) and the hooks'.
@@ -146,10 +183,10 @@ export interface Hooks<E = never, R = never> {
 }
 
 const duration = (field: string, input: Duration.DurationInput | undefined, fallback: Duration.Duration) =>
-  input === undefined ? Effect.succeed(fallback) : config.positiveDuration(field, input)
+  input === undefined ? Effect.succeed(fallback) : config_.positiveDuration(field, input)
 
 const positiveInt = (field: string, input: number | undefined, fallback: number) =>
-  input === undefined ? Effect.succeed(fallback) : config.positiveInt(field, input)
+  input === undefined ? Effect.succeed(fallback) : config_.positiveInt(field, input)
 
 const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =>
   Effect.gen(function*() {
@@ -229,7 +266,9 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
       })
     }
     const concurrency = yield* positiveInt("concurrency", config.concurrency, 64)
+    const route = yield* routeOf(config)
     return {
+      route,
       ordering,
       concurrency,
       session: {
@@ -256,6 +295,34 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
       rejoin: config.rejoin ?? true
     } satisfies runloop.Resolved
   })
+
+const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, ConfigError> => {
+  const route = config.onFailure
+  if (route === undefined || route._tag === "Stop") return Effect.succeed(undefined)
+  if (route._tag !== "DeadLetter") {
+    return new ConfigError({
+      field: "onFailure",
+      reason: "must be FailureRoute.stop or FailureRoute.deadLetter({ topic })"
+    })
+  }
+  if (typeof route.topic !== "string" || !/^[a-zA-Z0-9._-]{1,249}$/.test(route.topic)) {
+    return new ConfigError({
+      field: "onFailure.topic",
+      reason: `"${String(route.topic)}" is not a valid topic name (1-249 of a-z A-Z 0-9 . _ -)`
+    })
+  }
+  const subscribed = config.topics ?? (config.partitions ?? []).map((tp) => tp.topic)
+  if (subscribed.includes(route.topic)) {
+    return new ConfigError({
+      field: "onFailure.topic",
+      reason: `"${route.topic}" is a topic the consumer reads: its dead letters would come back to it`
+    })
+  }
+  return Effect.map(
+    config_.positiveInt("onFailure.maxInARow", route.maxInARow),
+    (maxInARow) => ({ topic: route.topic, maxInARow })
+  )
+}
 
 /**
  * Checks a configuration before anything connects; each invalid value fails with a `ConfigError` naming its field.
@@ -287,16 +354,33 @@ export type Handler<E, R> = (
  * @since 0.1.0
  * @category running
  */
-export const run = <E, R, EH = never, RH = never>(
-  config: Config,
+export const run = <C extends Config, E, R, EH = never, RH = never>(
+  config: C,
   handler: Handler<E, R>,
   hooks: Hooks<EH, RH> = {}
-): Effect.Effect<never, ConsumerError | HandlerFailed<E> | EH, Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>> =>
+): Effect.Effect<
+  never,
+  ConsumerError | Failures<C, E> | EH,
+  Driver | CommitPolicy | Requires<C> | R | Exclude<RH, Scope.Scope>
+> =>
   Effect.flatMap(resolve(config), (resolved) => {
     const call = (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) =>
-      Effect.mapError(handler(records, partition), (error) => new runloop.HandlerFailure(error, undefined))
-    return runloop.run(resolved, call, hooks)
+      Effect.mapError(
+        handler(records, partition),
+        // A record that did not decode names itself: the route takes that one record, not the chunk.
+        (error) => new runloop.HandlerFailure(error, error instanceof DecodeFailed ? error.offset : undefined)
+      )
+    return typed<C, E, EH, R | Exclude<RH, Scope.Scope>>(runloop.run(resolved, call, hooks))
   })
+
+/**
+ * The runloop's errors narrowed to what the configuration allows: it routes failed records only when `onFailure`
+ * is a dead-letter route (then `HandlerFailed` cannot happen and the route's errors can), and it reads the
+ * `Producer` only then.
+ */
+const typed = <C extends Config, E, EH, R>(
+  effect: Effect.Effect<never, runloop.RunError | HandlerFailed<E> | runloop.RouteError<E> | EH, Driver | CommitPolicy | R>
+) => effect as Effect.Effect<never, ConsumerError | Failures<C, E> | EH, Driver | CommitPolicy | Requires<C> | R>
 
 /**
  * Runs the consumer with a handler per record. When the handler fails, `HandlerFailed` names the record it failed on.
@@ -304,20 +388,55 @@ export const run = <E, R, EH = never, RH = never>(
  * @since 0.1.0
  * @category running
  */
-export const runEach = <E, R, EH = never, RH = never>(
-  config: Config,
+export const runEach = <C extends Config, E, R, EH = never, RH = never>(
+  config: C,
   handler: (record: ConsumerRecord) => Effect.Effect<void, E, R>,
   hooks: Hooks<EH, RH> = {}
-): Effect.Effect<never, ConsumerError | HandlerFailed<E> | EH, Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>> =>
+): Effect.Effect<
+  never,
+  ConsumerError | Failures<C, E> | EH,
+  Driver | CommitPolicy | Requires<C> | R | Exclude<RH, Scope.Scope>
+> =>
   Effect.flatMap(resolve(config), (resolved) => {
     const call = (record: ConsumerRecord) =>
       Effect.mapError(handler(record), (error) => new runloop.HandlerFailure(error, record.offset))
-    return runloop.run(
+    return typed<C, E, EH, R | Exclude<RH, Scope.Scope>>(runloop.run(
       resolved,
       (records) => Chunk.size(records) === 1 ? call(Chunk.unsafeHead(records)) : Effect.forEach(records, call, { discard: true }),
       hooks
-    )
+    ))
   })
+
+/**
+ * A record handler for `runEach` that gets records decoded by `schemas` (see `Codec`). A record that does not decode
+ * fails with `DecodeFailed`, which is not retried: the consumer's failure route takes it.
+ *
+ * @since 0.1.0
+ * @category decoding
+ */
+export const decoded = <const S extends Codec.RecordSchemas, E, R>(
+  schemas: S,
+  handler: (record: Codec.Decoded<S>) => Effect.Effect<void, E, R>
+): (record: ConsumerRecord) => Effect.Effect<void, E | DecodeFailed, R | Codec.Context<S>> => {
+  const decode = Codec.decoder(schemas)
+  return (record) => Effect.flatMap(decode(record), handler)
+}
+
+/**
+ * A chunk handler for `run` that gets records decoded by `schemas` (see `Codec`). A chunk with a record that does not
+ * decode fails with that record's `DecodeFailed`, which is not retried: the consumer's failure route takes that
+ * record, and the others are handled.
+ *
+ * @since 0.1.0
+ * @category decoding
+ */
+export const decodedChunk = <const S extends Codec.RecordSchemas, E, R>(
+  schemas: S,
+  handler: (records: Chunk.Chunk<Codec.Decoded<S>>, partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>
+): Handler<E | DecodeFailed, R | Codec.Context<S>> => {
+  const decode = Codec.decoder(schemas)
+  return (records, partition) => Effect.flatMap(Effect.forEach(records, decode), (all) => handler(Chunk.unsafeFromArray(all), partition))
+}
 
 /**
  * One assigned partition and its records. The stream ends when the partition is revoked. A chunk counts as handled
@@ -348,6 +467,12 @@ export const partitions = (
           "run and runEach"
       })
     }
+    if (config.onFailure !== undefined && config.onFailure._tag !== "Stop") {
+      return yield* new ConfigError({
+        field: "onFailure",
+        reason: "a partition stream has no handler that fails: route failed records in run and runEach"
+      })
+    }
     type Handoff = readonly [Chunk.Chunk<ConsumerRecord>, Deferred.Deferred<void>] | null
     const out = yield* Queue.unbounded<PartitionStream>()
     const handoffs = new Map<string, Queue.Queue<Handoff>>()
@@ -367,7 +492,7 @@ export const partitions = (
     }
 
     const consumer = run(
-      config,
+      { ...config, onFailure: FailureRoute.stop },
       (records, tp) =>
         Effect.gen(function*() {
           const handoff = handoffs.get(TopicPartition.key(tp))

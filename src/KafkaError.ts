@@ -193,19 +193,66 @@ export class WorkerStuck extends Schema.TaggedError<WorkerStuck>()("WorkerStuck"
 }
 
 /**
- * A record could not be decoded. It carries where the record is so that nothing is skipped silently.
+ * A record could not be decoded by the consumer's schemas. `field` names what did not decode (`"key"`, `"value"` or
+ * `"headers"`), `reason` is the Schema's `ParseError`, formatted (it names the path inside the field). It is routed
+ * like any failure of the handler, without retries (decoding the same bytes again gives the same answer): under the
+ * `stop` route the consumer ends with it in `HandlerFailed`; under `deadLetter` the record is dead-lettered as it was.
  *
  * @since 0.1.0
  * @category errors
  */
-export class DecodeError extends Schema.TaggedError<DecodeError>()("DecodeError", {
+export class DecodeFailed extends Schema.TaggedError<DecodeFailed>()("DecodeFailed", {
   topic: Schema.String,
   partition: Schema.Number,
   offset: Schema.BigIntFromSelf,
+  field: Schema.String,
   reason: Schema.String
 }) {
   override get message(): string {
-    return `Cannot decode record ${this.topic}-${this.partition}@${this.offset}: ${this.reason}`
+    return `Cannot decode the ${this.field} of ${this.topic}-${this.partition}@${this.offset}: ${this.reason}`
+  }
+}
+
+/**
+ * A value could not be encoded by the producer's schemas for `topic`; `field` names what (`"key"`, `"value"` or
+ * `"headers"`), `reason` is the Schema's `ParseError`, formatted. Nothing was sent.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class EncodeFailed extends Schema.TaggedError<EncodeFailed>()("EncodeFailed", {
+  topic: Schema.String,
+  field: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `Cannot encode the ${this.field} of a record for ${this.topic}: ${this.reason}`
+  }
+}
+
+/**
+ * The failure route's circuit opened: `count` records of one partition in a row kept failing (the last, at `offset`,
+ * with `cause`, the handler's own error). The consumer stops rather than drain the partition into the dead-letter
+ * topic, which is what a dependency that is down would otherwise do. The record at `offset` was not routed: the
+ * partition's position stays before it.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class CircuitOpen<out E = unknown> extends Data.TaggedError("CircuitOpen")<{
+  readonly topic: string
+  readonly partition: number
+  readonly offset: bigint
+  readonly count: number
+  readonly cause: unknown
+}> {
+  declare readonly cause: E
+
+  override get message(): string {
+    const cause: unknown = this.cause
+    return `${this.count} records of ${this.topic}-${this.partition} in a row failed, the last at offset ${this.offset} ` +
+      `(${cause instanceof Error ? cause.message : String(cause)}): stopping rather than routing them all; the ` +
+      "position stays before that record"
   }
 }
 

@@ -5,6 +5,13 @@
  */
 
 /**
+ * Typed records: Schema codecs for keys, values and headers, on both sides.
+ *
+ * @since 0.1.0
+ */
+export * as Codec from "./Codec.js"
+
+/**
  * Commit policies as layers: `atMostOnce`, `autoCommit`, `commitAfter`, `transactional`.
  *
  * @since 0.1.0
@@ -31,6 +38,13 @@ export * as ConsumerRecord from "./ConsumerRecord.js"
  * @since 0.1.0
  */
 export * as Driver from "./Driver.js"
+
+/**
+ * Where records that keep failing go: stop, or a dead-letter topic.
+ *
+ * @since 0.1.0
+ */
+export * as FailureRoute from "./FailureRoute.js"
 
 /**
  * Crash injection points.

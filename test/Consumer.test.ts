@@ -318,7 +318,7 @@ describe("Consumer.records", () => {
 })
 
 describe("Consumer configuration", () => {
-  const bad: ReadonlyArray<readonly [string, Consumer.Config]> = [
+  const bad: ReadonlyArray<readonly [string, Omit<Consumer.Config, "onFailure">]> = [
     ["groupId", { groupId: "", topics: ["t"] }],
     ["topics", { groupId: "g", topics: [] }],
     ["topics", { groupId: "g", topics: ["bad topic!"] }],

@@ -36,7 +36,7 @@ interface Timeline {
 const member = (
   name: string,
   timeline: Timeline,
-  config: Consumer.Config,
+  config: Omit<Consumer.Config, "onFailure">,
   chunkMillis: number
 ) =>
   Consumer.run(config, (records, tp) =>
@@ -88,7 +88,7 @@ const handOvers = (timeline: Timeline, partitions: ReadonlyArray<string>) =>
 const run = (
   topic: string,
   records: number,
-  config: (name: string) => Consumer.Config,
+  config: (name: string) => Omit<Consumer.Config, "onFailure">,
   chunkMillis: number,
   chunksBeforeB: number
 ) =>
@@ -109,7 +109,7 @@ if (brokers) {
   describe("the revoke contract on kafkajs when the rebalance is noticed outside a batch call", () => {
     const partitions = (topic: string) => [0, 1, 2, 3].map((p) => `${topic}-${p}`)
     const configOf = (topic: string, groupId: string, maxPollRecords: number, bufferSize: number) =>
-    (name: string): Consumer.Config => ({
+    (name: string): Omit<Consumer.Config, "onFailure"> => ({
       groupId,
       clientId: name,
       topics: [topic],

@@ -82,7 +82,7 @@ const pace = <A, E, R>(write: Effect.Effect<A, E, R>) =>
 const member = (options: MemberOptions) =>
   Effect.gen(function*() {
     let ready = false
-    const config: Consumer.Config = {
+    const config: Omit<Consumer.Config, "onFailure"> = {
       groupId: options.groupId,
       clientId: options.clientId,
       topics: [options.topic],

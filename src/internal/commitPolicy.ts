@@ -270,6 +270,7 @@ export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance
       )
     const instance: PolicyInstance = {
       name: "atMostOnce",
+      failedRecords: "once",
       assign: (partitions) =>
         Effect.suspend(() => {
           for (const tp of partitions) owned.add(TopicPartition.key(tp))
@@ -464,6 +465,7 @@ export const transactionalLayer = (
               })
             const instance: PolicyInstance = {
               name: "transactional",
+              failedRecords: "rerun",
               assign: (partitions) =>
                 Effect.map(store.claim(context.groupId, partitions), (claims) => {
                   const positions = new Map<string, bigint>()
@@ -606,6 +608,8 @@ export const kafkaTransactionalLayer = (
 
             const instance: PolicyInstance = {
               name: "kafkaTransactional",
+              failedRecords: "rerun",
+              unitHoldsWrites: true,
               assign: (partitions) =>
                 Effect.zipRight(
                   Effect.forEach(partitions, (tp) => context.guard(open(tp)), {

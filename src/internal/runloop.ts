@@ -16,12 +16,14 @@ import type { ConsumerRecord } from "../ConsumerRecord.js"
 import { Driver, type DriverEvent, type DriverSession, type SessionOptions } from "../Driver.js"
 import { Crashed, Faults } from "../Faults.js"
 import {
+  type CircuitOpen,
   CommitFailed,
   type ConfigError,
   DriverError,
   HandlerFailed,
   OffsetOutOfRange,
   PartitionsLost,
+  type ProduceFailed,
   TransactionFailed,
   WorkerStuck
 } from "../KafkaError.js"
@@ -31,6 +33,7 @@ import { concurrently, keyText, type Ordering } from "./ordering.js"
 import * as Permits from "./permits.js"
 import { Progress, type Range } from "./progress.js"
 import { retryAfterFailure } from "./retry.js"
+import { HandlerFailure, makeRouter, retryable, RouteFailure, type RouteSettings, type Work } from "./route.js"
 
 /** Where a partition starts when it has no position, or one outside its log. */
 export type OffsetReset = "earliest" | "latest" | "none"
@@ -50,6 +53,8 @@ export interface Resolved {
   readonly ordering: Ordering
   /** Under `key` and `unordered` ordering, the most handler calls in flight over all partitions. */
   readonly concurrency: number
+  /** Where records that keep failing go; none: the consumer stops. */
+  readonly route: RouteSettings | undefined
 }
 
 /**
@@ -66,19 +71,10 @@ export interface Hooks<E, R> {
 
 export type RunError = ConfigError | PolicyError | OffsetOutOfRange | PartitionsLost | WorkerStuck
 
-/**
- * A failure of the user's handler, wrapped where the handler is called, so that it is never taken for one of the
- * policy's own errors (a handler may well fail with a `DriverError` of its own); `offset` locates it when known.
- */
-export class HandlerFailure<E> {
-  constructor(readonly error: E, readonly offset: bigint | undefined) {}
-}
+/** How the dead-letter route ends a consumer: its write failed, or its circuit opened. */
+export type RouteError<E> = ProduceFailed | CircuitOpen<E>
 
-/** The handler as the runloop calls it. */
-export type Work<E, R> = (
-  records: Chunk.Chunk<ConsumerRecord>,
-  partition: TopicPartition.TopicPartition
-) => Effect.Effect<void, HandlerFailure<E>, R>
+export { HandlerFailure, type Work } from "./route.js"
 
 /** The session must end and a new one begin: the cluster could not be reached. */
 class Reconnect {
@@ -159,7 +155,7 @@ export const run = <E, R, EH, RH>(
   hooks: Hooks<EH, RH>
 ): Effect.Effect<
   never,
-  RunError | HandlerFailed<E> | EH,
+  RunError | HandlerFailed<E> | RouteError<E> | EH,
   Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>
 > =>
   Effect.gen(function*() {
@@ -224,10 +220,10 @@ const runSession = <E, R, EH, RH>(
   work: Work<E, R>,
   hooks: Hooks<EH, RH>,
   env: Environment
-): Effect.Effect<never, RunError | HandlerFailed<E> | EH | Reconnect | Rejoin, R | Exclude<RH, Scope.Scope>> =>
+): Effect.Effect<never, RunError | HandlerFailed<E> | RouteError<E> | EH | Reconnect | Rejoin, R | Exclude<RH, Scope.Scope>> =>
   Effect.scoped(Effect.gen(function*() {
     const { abandoned, faults } = env
-    type Failure = HandlerFailed<E> | PolicyError | OffsetOutOfRange | PartitionsLost | WorkerStuck | Rejoin | EH
+    type Failure = HandlerFailed<E> | RouteError<E> | PolicyError | OffsetOutOfRange | PartitionsLost | WorkerStuck | Rejoin | EH
     type HookNeeds = Exclude<RH, Scope.Scope>
     type LoopError = PolicyError | OffsetOutOfRange | WorkerStuck | PartitionsLost | EH
     const failure = yield* Deferred.make<never, Failure>()
@@ -285,14 +281,22 @@ const runSession = <E, R, EH, RH>(
     const roomFor = (state: PartitionState) =>
       state.outstanding + maxPoll <= config.bufferSize &&
       (state.progress === undefined || state.progress.window + maxPoll <= maxWindow)
+    // A failed handler is retried on the same chunk; a policy's failure (a refused commit, a fence) is not its to retry,
+    // nor is a record that did not decode.
+    const retry = <E2, R2>(effect: Effect.Effect<void, E2, R2>) =>
+      retryAfterFailure(effect, { schedule: config.retry, retryable })
+
+    // With a failure route, records that keep failing are routed instead of ending the consumer.
+    const router = config.route === undefined
+      ? undefined
+      : makeRouter(config.route, policy.failedRecords ?? "inPlace", policy.unitHoldsWrites === true, work, retry)
+    const routed = router === undefined ? work : router.work
+    const rerun = router !== undefined && policy.failedRecords === "rerun" ? router : undefined
+
     // A policy that handles a chunk as a unit: the chunk's records side by side, as the ordering allows.
     const chunkWork: Work<E, R> = ordering === "partition" || outOfOrder !== undefined
-      ? work
-      : (records, tp) => concurrently(records, ordering, permits, concurrency, (lane) => work(lane, tp))
-
-    // A failed handler is retried on the same chunk; a policy's failure (a refused commit, a fence) is not its to retry.
-    const retry = <E2, R2>(effect: Effect.Effect<void, E2, R2>) =>
-      retryAfterFailure(effect, { schedule: config.retry, retryable: (error) => error instanceof HandlerFailure })
+      ? routed
+      : (records, tp) => concurrently(records, ordering, permits, concurrency, (lane) => routed(lane, tp))
 
     const maybeResume = (state: PartitionState): Effect.Effect<void> =>
       !state.paused ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
@@ -304,8 +308,9 @@ const runSession = <E, R, EH, RH>(
     const failed = (
       state: PartitionState,
       records: Chunk.Chunk<ConsumerRecord>,
-      error: HandlerFailure<E> | PolicyError
-    ): Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin> => {
+      error: HandlerFailure<E> | RouteFailure | PolicyError
+    ): Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin> => {
+      if (error instanceof RouteFailure) return Effect.fail(error.error as RouteError<E>)
       if (error instanceof HandlerFailure) {
         return Effect.fail(
           new HandlerFailed<E>({
@@ -334,23 +339,46 @@ const runSession = <E, R, EH, RH>(
       return kept
     }
 
+    /**
+     * A chunk as a unit of the policy. Under a policy that rolls a failed unit back, with a failure route, a unit that
+     * failed on a record after its retries runs again with that record routed; when the record is not known (a chunk
+     * handler failed), the chunk is taken apart into units of one record.
+     */
+    const processChunk = (
+      state: PartitionState,
+      records: Chunk.Chunk<ConsumerRecord>,
+      position: bigint
+    ): Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin, R> => {
+      // A chunk whose every record an earlier owner finished still moves the position, as an empty one does.
+      const handled = Chunk.isEmpty(records) ? Effect.void : chunkWork(records, state.tp)
+      return policy.process(state.tp, records, position, handled, retry).pipe(
+        Effect.catchAll((error) => {
+          if (rerun === undefined || !(error instanceof HandlerFailure) || state.stopping) {
+            return failed(state, records, error)
+          }
+          if (rerun.poison(state.tp, records, error)) return processChunk(state, records, position)
+          return Effect.forEach(Chunk.range(0, Chunk.size(records) - 1), (i) => {
+            const next = i + 1 < Chunk.size(records) ? Chunk.unsafeGet(records, i + 1).offset : position
+            return processChunk(state, Chunk.of(Chunk.unsafeGet(records, i)), next)
+          }, { discard: true })
+        })
+      )
+    }
+
     // Chunks one after another, each as it was fetched. The worker takes every chunk waiting at once and handles
     // them in a loop of flatMaps rather than a generator: this runs once per chunk.
     // Forked in the poll loop, the worker runs with the consumer's services, the handler's among them.
-    const worker = (state: PartitionState): Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin, R> => {
-      const tp = state.tp
-      type Step = Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin, R>
+    const worker = (state: PartitionState): Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin, R> => {
+      type Step = Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin, R>
       const loop: Step = Effect.flatMap(state.queue.takeAll, ([chunks, done]) => next(chunks, 0, done))
       const next = (chunks: Chunk.Chunk<Fetched>, at: number, done: boolean): Step => {
         if (state.stopping || (done && at === Chunk.size(chunks))) return Effect.void
         if (at === Chunk.size(chunks)) return loop
         const { next: position, records: fetched } = Chunk.unsafeGet(chunks, at)
         const records = state.skip === undefined ? fetched : withoutFinished(state, fetched)
-        // A chunk whose every record an earlier owner finished still moves the position, as an empty one does.
-        const handled = Chunk.isEmpty(records) ? Effect.void : chunkWork(records, tp)
-        return policy.process(tp, records, position, handled, retry).pipe(
-          Effect.catchAll((error) => failed(state, records, error)),
+        return processChunk(state, records, position).pipe(
           Effect.flatMap(() => {
+            rerun?.passed(state.tp, position)
             state.outstanding -= Chunk.size(fetched)
             return state.paused
               ? Effect.zipRight(maybeResume(state), Effect.suspend(() => next(chunks, at + 1, done)))
@@ -392,7 +420,7 @@ const runSession = <E, R, EH, RH>(
         return lane
       }
 
-      type Step = Effect.Effect<void, HandlerFailed<E> | PolicyError | Rejoin, R>
+      type Step = Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin, R>
       // The records of a lane, or of several lanes one after another when the policy puts many records in a unit (a
       // transaction of the store costs more than a record) and many lanes wait: as many as leave every worker some,
       // up to the policy's bound.
@@ -412,6 +440,39 @@ const runSession = <E, R, EH, RH>(
         return batch
       }
 
+      // A unit of the policy: the records of `parts`, covering the offset ranges `finished`. With a failure route
+      // under a policy that rolls a failed unit back, as `processChunk` does.
+      const unit = (
+        parts: ReadonlyArray<Chunk.Chunk<ConsumerRecord>>,
+        finished: ReadonlyArray<Range>,
+        indexes: ReadonlyArray<number>
+      ): Step => {
+        const handler = parts.length === 1 ? routed(parts[0]!, tp) : Effect.forEach(parts, (part) =>
+          Effect.mapError(
+            routed(part, tp),
+            // Where a chunk handler failed, for `HandlerFailed`: its part. A rerun needs the record itself.
+            (error) =>
+              error instanceof HandlerFailure && error.offset === undefined && rerun === undefined
+                ? new HandlerFailure(error.error, Chunk.unsafeHead(part).offset)
+                : error
+          ), { discard: true })
+        return policyOf.handle(tp, progress.position(), finished, handler, retry).pipe(
+          Effect.catchAll((error) => {
+            if (rerun === undefined || !(error instanceof HandlerFailure) || state.stopping) {
+              return failed(state, parts[0]!, error)
+            }
+            const all = parts.length === 1 ? parts[0]! : Chunk.flatten(Chunk.unsafeFromArray(parts))
+            if (rerun.poison(tp, all, error)) return unit(parts, finished, indexes)
+            const byOffset = new Map<bigint, ConsumerRecord>()
+            for (const record of all) byOffset.set(record.offset, record)
+            return Effect.forEach(indexes, (index) => {
+              const range = progress.rangeOf(index)
+              return unit([Chunk.of(byOffset.get(range[0])!)], [range], [index])
+            }, { discard: true })
+          })
+        )
+      }
+
       const handleBatch = (batch: Array<Lane>): Step => {
         const indexes: Array<number> = []
         const parts: Array<Chunk.Chunk<ConsumerRecord>> = []
@@ -429,16 +490,10 @@ const runSession = <E, R, EH, RH>(
           if (last !== undefined && last[1] === range[0]) finished[finished.length - 1] = [last[0], range[1]]
           else finished.push(range)
         }
-        const records = parts[0]!
-        const handler = parts.length === 1 ? work(records, tp) : Effect.forEach(parts, (part) =>
-          Effect.mapError(
-            work(part, tp),
-            (error) => error.offset === undefined ? new HandlerFailure(error.error, Chunk.unsafeHead(part).offset) : error
-          ), { discard: true })
-        return policyOf.handle(tp, progress.position(), finished, handler, retry).pipe(
-          Effect.catchAll((error) => failed(state, records, error)),
+        return unit(parts, finished, indexes).pipe(
           Effect.flatMap(() => {
             for (const index of indexes) progress.finish(index)
+            rerun?.passed(tp, progress.position())
             state.outstanding -= indexes.length
             policyOf.progressed(tp, progress, indexes.length)
             let more: Step = lanes
@@ -594,6 +649,7 @@ const runSession = <E, R, EH, RH>(
           yield* guard(session.seek(tp, position))
           // Records an earlier owner finished out of order above the position are not handled again.
           const finishedBefore = policy.finishedOnAssign?.(tp) ?? []
+          router?.reset(tp)
           const state: PartitionState = {
             tp,
             key,

@@ -1,0 +1,200 @@
+/**
+ * Typed records: Effect `Schema`s for a record's key, value and headers, the same on both sides. The consumer decodes
+ * with them (`Consumer.decoded`), the producer encodes with them (`encoder`). Codecs for the usual wire formats are
+ * here: `bytes`, `string` (UTF-8) and `json(schema)`.
+ *
+ * A record that does not decode is a `DecodeFailed` naming the field and the path in it; the consumer routes it as
+ * its failure route says, never drops it.
+ *
+ * @since 0.1.0
+ */
+import * as Effect from "effect/Effect"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
+import type { ConsumerRecord } from "./ConsumerRecord.js"
+import { DecodeFailed, EncodeFailed } from "./KafkaError.js"
+import type { ProducerRecord } from "./Producer.js"
+
+/**
+ * Bytes as they are.
+ *
+ * @since 0.1.0
+ * @category codecs
+ */
+export const bytes: Schema.Schema<Uint8Array> = Schema.Uint8ArrayFromSelf
+
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
+const textEncoder = new TextEncoder()
+
+/**
+ * Text as UTF-8. Bytes that are not valid UTF-8 do not decode (no replacement characters: a value that is not text
+ * is an error, not a string).
+ *
+ * @since 0.1.0
+ * @category codecs
+ */
+export const string: Schema.Schema<string, Uint8Array> = Schema.transformOrFail(
+  Schema.Uint8ArrayFromSelf,
+  Schema.String,
+  {
+    strict: true,
+    decode: (input, _options, ast) => {
+      try {
+        return ParseResult.succeed(strictUtf8.decode(input))
+      } catch {
+        return ParseResult.fail(new ParseResult.Type(ast, input, `${input.length} bytes that are not valid UTF-8`))
+      }
+    },
+    encode: (text) => ParseResult.succeed(textEncoder.encode(text))
+  }
+)
+
+/**
+ * JSON text in UTF-8, parsed and then decoded by `schema`.
+ *
+ * @since 0.1.0
+ * @category codecs
+ */
+export const json = <A, I, R>(schema: Schema.Schema<A, I, R>): Schema.Schema<A, Uint8Array, R> =>
+  Schema.compose(string, Schema.parseJson(schema))
+
+/**
+ * Schemas for the parts of a record; a part without one stays as bytes. The key's schema is given `null` for a record
+ * without a key (use `Schema.NullOr` to accept one), the value's `null` for a tombstone, the headers' a record of
+ * header names to bytes.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface RecordSchemas {
+  // The encoded side is what each schema says it is: any `I` is accepted here, the bytes are checked when decoding.
+  readonly key?: Schema.Schema<any, any, any> | undefined
+  readonly value?: Schema.Schema<any, any, any> | undefined
+  readonly headers?: Schema.Schema<any, any, any> | undefined
+}
+
+type Part<S, F extends keyof RecordSchemas, Raw> = S extends { readonly [K in F]: infer X }
+  ? X extends Schema.Schema.All ? Schema.Schema.Type<X> : Raw
+  : Raw
+
+/**
+ * The services the schemas need.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Context<S extends RecordSchemas> = {
+  [F in keyof S]-?: S[F] extends Schema.Schema.All ? Schema.Schema.Context<S[F]> : never
+}[keyof S]
+
+/**
+ * A record decoded: its parts as the schemas give them, and the record as fetched in `record`.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Decoded<S extends RecordSchemas> {
+  readonly topic: string
+  readonly partition: number
+  readonly offset: bigint
+  readonly timestamp: number
+  readonly key: Part<S, "key", Uint8Array | null>
+  readonly value: Part<S, "value", Uint8Array | null>
+  readonly headers: Part<S, "headers", Readonly<Record<string, Uint8Array>>>
+  readonly record: ConsumerRecord
+}
+
+const formatted = (error: ParseResult.ParseError) => ParseResult.TreeFormatter.formatErrorSync(error)
+
+/**
+ * Decodes records with `schemas`; a part that does not decode fails with `DecodeFailed` naming it.
+ *
+ * @since 0.1.0
+ * @category decoding
+ */
+export const decoder = <const S extends RecordSchemas>(
+  schemas: S
+): (record: ConsumerRecord) => Effect.Effect<Decoded<S>, DecodeFailed, Context<S>> => {
+  const part = (field: "key" | "value" | "headers") => {
+    const schema = schemas[field]
+    if (schema === undefined) return undefined
+    const decode = Schema.decodeUnknown(schema)
+    return (record: ConsumerRecord, input: unknown): Effect.Effect<unknown, DecodeFailed, unknown> =>
+      Effect.mapError(decode(input), (error) =>
+        new DecodeFailed({
+          topic: record.topic,
+          partition: record.partition,
+          offset: record.offset,
+          field,
+          reason: formatted(error)
+        }))
+  }
+  const key = part("key")
+  const value = part("value")
+  const headers = part("headers")
+  return (record) =>
+    Effect.gen(function*() {
+      const decoded = {
+        topic: record.topic,
+        partition: record.partition,
+        offset: record.offset,
+        timestamp: record.timestamp,
+        key: key === undefined ? record.key : yield* key(record, record.key),
+        value: value === undefined ? record.value : yield* value(record, record.value),
+        headers: headers === undefined ? record.headers : yield* headers(record, record.headers),
+        record
+      }
+      return decoded as Decoded<S>
+    }) as Effect.Effect<Decoded<S>, DecodeFailed, Context<S>>
+}
+
+/**
+ * A record to write, its parts as the schemas take them.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Encodable<S extends RecordSchemas> {
+  readonly topic: string
+  readonly key: Part<S, "key", Uint8Array | string | null | undefined>
+  readonly value: Part<S, "value", Uint8Array | string | null>
+  readonly headers?: Part<S, "headers", Readonly<Record<string, Uint8Array | string>>> | undefined
+  readonly partition?: number | undefined
+  readonly timestamp?: number | undefined
+}
+
+/**
+ * Encodes records with `schemas`, for `Producer.send`; a part that does not encode fails with `EncodeFailed` naming
+ * it. Parts without a schema are written as given.
+ *
+ * @since 0.1.0
+ * @category encoding
+ */
+export const encoder = <const S extends RecordSchemas>(
+  schemas: S
+): (record: Encodable<S>) => Effect.Effect<ProducerRecord, EncodeFailed, Context<S>> => {
+  const part = (field: "key" | "value" | "headers") => {
+    const schema = schemas[field]
+    if (schema === undefined) return undefined
+    const encode = Schema.encode(schema)
+    return (topic: string, input: unknown): Effect.Effect<unknown, EncodeFailed, unknown> =>
+      Effect.mapError(encode(input), (error) => new EncodeFailed({ topic, field, reason: formatted(error) }))
+  }
+  const key = part("key")
+  const value = part("value")
+  const headers = part("headers")
+  return (record) =>
+    Effect.gen(function*() {
+      const encoded: ProducerRecord = {
+        topic: record.topic,
+        key: (key === undefined ? record.key : yield* key(record.topic, record.key)) as ProducerRecord["key"],
+        value: (value === undefined ? record.value : yield* value(record.topic, record.value)) as ProducerRecord["value"],
+        headers: (headers === undefined || record.headers === undefined
+          ? record.headers
+          : yield* headers(record.topic, record.headers)) as ProducerRecord["headers"],
+        partition: record.partition,
+        timestamp: record.timestamp
+      }
+      return encoded
+    }) as Effect.Effect<ProducerRecord, EncodeFailed, Context<S>>
+}

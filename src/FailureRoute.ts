@@ -1,0 +1,198 @@
+/**
+ * Where a record goes when its handler keeps failing: the consumer's `onFailure` setting.
+ *
+ * | route | a record that fails after its retries | the consumer |
+ * | --- | --- | --- |
+ * | `stop` (the default) | stays where it is: the position never passes it | ends with `HandlerFailed` |
+ * | `deadLetter({ topic })` | is written to `topic`, as it was, with headers saying where it came from and why | goes on |
+ *
+ * A dead-lettered record keeps its key, value and headers; the headers in {@link headers} are added. How the write and
+ * the position are tied follows the commit policy:
+ *
+ * - `commitAfter`, `autoCommit`: the dead-letter write is acknowledged before the position passes the record; a crash
+ *   in between writes it again (the dead-letter topic can hold it twice), never loses it.
+ * - `atMostOnce`: the handler is called once; a record it failed on is dead-lettered without retries, after its
+ *   position was committed, so a crash can lose it, as the policy says of every record.
+ * - `kafkaTransactional`: the unit is aborted and handled again without the record, which is dead-lettered in the
+ *   unit's transaction: the dead-letter write, the other records' writes and the position commit together or not at
+ *   all. The dead-letter topic holds it once (for `read_committed` readers).
+ * - `transactional`: the unit is rolled back (the record's failed attempts leave no writes) and handled again without
+ *   the record; the dead-letter write is acknowledged before the unit commits. A crash or a fence between the two
+ *   writes it again: the dead-letter topic can hold it twice, never not at all; the store holds the rest once.
+ *
+ * Decoding failures (`DecodeFailed`) are routed at once, without retries. A circuit stops the consumer with
+ * `CircuitOpen` when `maxInARow` records of one partition in a row fail: a dependency that is down should stop the
+ * consumer, not drain the topic into the dead-letter topic.
+ *
+ * The dead-letter write goes through the `Producer` the consumer runs with (under `kafkaTransactional`, the unit's
+ * transactional producer). Use acks `"all"` (the default) so that an acknowledged dead-letter record survives a
+ * broker's death.
+ *
+ * @since 0.1.0
+ */
+import type { ConsumerRecord } from "./ConsumerRecord.js"
+import type { ProducerRecord } from "./Producer.js"
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export interface Stop {
+  readonly _tag: "Stop"
+}
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export interface DeadLetter {
+  readonly _tag: "DeadLetter"
+  readonly topic: string
+  /** The circuit: this many records of one partition failing in a row stop the consumer. */
+  readonly maxInARow: number
+}
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export type FailureRoute = Stop | DeadLetter
+
+/**
+ * The record stops the consumer (`HandlerFailed`): the default.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const stop: Stop = { _tag: "Stop" }
+
+/**
+ * Records that keep failing are written to `topic` and the partition goes on; `maxInARow` failing in a row (default
+ * 10) stop the consumer with `CircuitOpen` instead. See the module's documentation for the guarantee per policy.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const deadLetter = (options: { readonly topic: string; readonly maxInARow?: number | undefined }): DeadLetter => ({
+  _tag: "DeadLetter",
+  topic: options.topic,
+  maxInARow: options.maxInARow ?? 10
+})
+
+/**
+ * The headers a dead-lettered record carries besides its own.
+ *
+ * @since 0.1.0
+ * @category headers
+ */
+export const headers = {
+  topic: "dead-letter-topic",
+  partition: "dead-letter-partition",
+  offset: "dead-letter-offset",
+  timestamp: "dead-letter-timestamp",
+  errorTag: "dead-letter-error-tag",
+  errorMessage: "dead-letter-error-message",
+  attempts: "dead-letter-attempts"
+} as const
+
+const names: ReadonlySet<string> = new Set(Object.values(headers))
+
+/**
+ * The `_tag` of a tagged error, else its class name, else its type.
+ *
+ * @since 0.1.0
+ * @category headers
+ */
+export const errorTag = (error: unknown): string => {
+  if (typeof error === "object" && error !== null) {
+    const tag = (error as { readonly _tag?: unknown })._tag
+    if (typeof tag === "string") return tag
+    if (error instanceof Error) return error.name
+    return "object"
+  }
+  return typeof error
+}
+
+const errorMessage = (error: unknown): string => {
+  const message = error instanceof Error ? error.message : typeof error === "string" ? error : JSON.stringify(error)
+  // A header is not a log: a long message is cut, its start kept.
+  return message === undefined ? String(error) : message.length > 2_000 ? `${message.slice(0, 2_000)}…` : message
+}
+
+/**
+ * The dead-letter record of `record`, which failed `attempts` times, the last with `error`.
+ *
+ * @since 0.1.0
+ * @category dead letters
+ */
+export const deadLetterRecord = (
+  topic: string,
+  record: ConsumerRecord,
+  error: unknown,
+  attempts: number
+): ProducerRecord => ({
+  topic,
+  key: record.key,
+  value: record.value,
+  headers: {
+    ...record.headers,
+    [headers.topic]: record.topic,
+    [headers.partition]: String(record.partition),
+    [headers.offset]: record.offset.toString(),
+    [headers.timestamp]: String(record.timestamp),
+    [headers.errorTag]: errorTag(error),
+    [headers.errorMessage]: errorMessage(error),
+    [headers.attempts]: String(attempts)
+  }
+})
+
+/**
+ * What a dead-lettered record says of itself.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface DeadLettered {
+  readonly topic: string
+  readonly partition: number
+  readonly offset: bigint
+  readonly timestamp: number
+  readonly errorTag: string
+  readonly errorMessage: string
+  readonly attempts: number
+  /** The record's own headers, without the dead-letter ones. */
+  readonly headers: Readonly<Record<string, Uint8Array>>
+}
+
+const decoder = new TextDecoder()
+
+/**
+ * Reads the dead-letter headers of a record; `undefined` when it has none (or damaged ones).
+ *
+ * @since 0.1.0
+ * @category dead letters
+ */
+export const deadLettered = (record: ConsumerRecord): DeadLettered | undefined => {
+  const text = (name: string) => {
+    const bytes = record.headers[name]
+    return bytes === undefined ? undefined : decoder.decode(bytes)
+  }
+  const topic = text(headers.topic)
+  const partition = Number(text(headers.partition))
+  const offset = text(headers.offset)
+  if (topic === undefined || !Number.isInteger(partition) || offset === undefined || !/^\d+$/.test(offset)) {
+    return undefined
+  }
+  const own: Record<string, Uint8Array> = {}
+  for (const [name, value] of Object.entries(record.headers)) if (!names.has(name)) own[name] = value
+  return {
+    topic,
+    partition,
+    offset: BigInt(offset),
+    timestamp: Number(text(headers.timestamp) ?? "0"),
+    errorTag: text(headers.errorTag) ?? "",
+    errorMessage: text(headers.errorMessage) ?? "",
+    attempts: Number(text(headers.attempts) ?? "0"),
+    headers: own
+  }
+}

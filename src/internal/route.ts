@@ -1,0 +1,268 @@
+import * as Chunk from "effect/Chunk"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import type { ConsumerRecord } from "../ConsumerRecord.js"
+import { deadLetterRecord } from "../FailureRoute.js"
+import { CircuitOpen, DecodeFailed, type ProduceFailed } from "../KafkaError.js"
+import { Producer } from "../Producer.js"
+import * as TopicPartition from "../TopicPartition.js"
+
+/** The dead-letter route after validation. */
+export interface RouteSettings {
+  readonly topic: string
+  readonly maxInARow: number
+}
+
+/**
+ * A failure of the user's handler, wrapped where the handler is called, so that it is never taken for one of the
+ * policy's own errors (a handler may well fail with a `DriverError` of its own); `offset` locates it when known.
+ */
+export class HandlerFailure<E> {
+  constructor(readonly error: E, readonly offset: bigint | undefined) {}
+}
+
+/** The route itself failed: the dead-letter write, or the circuit opened. Neither retried nor routed. */
+export class RouteFailure {
+  constructor(readonly error: ProduceFailed | CircuitOpen<unknown>) {}
+}
+
+/** The handler as the runloop calls it. */
+export type Work<E, R> = (
+  records: Chunk.Chunk<ConsumerRecord>,
+  partition: TopicPartition.TopicPartition
+) => Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>
+
+/** A handler failure worth another attempt: decoding the same bytes again gives the same answer. */
+export const retryable = (error: unknown): boolean =>
+  error instanceof HandlerFailure && !(error.error instanceof DecodeFailed)
+
+/**
+ * How a policy lets a failed record be set aside:
+ * - `inPlace`: the record is retried alone and, failing still, routed where it is, inside the unit;
+ * - `once`: the handler runs once per record (at-most-once): a failed record is routed at once, inside the unit;
+ * - `rerun`: a failed unit is rolled back; it runs again with the record routed in it rather than handled. When the
+ *   unit holds the route's write (a Kafka transaction), each run writes it; else a record written once is not again.
+ */
+export type Mode = "inPlace" | "once" | "rerun"
+
+interface PartitionRoute {
+  /** Records to route rather than handle when their unit runs again, with the error they failed with. */
+  readonly poisoned: Map<bigint, unknown>
+  /** Records dead-lettered by a write that a rolled-back unit does not take back: not written again. */
+  readonly written: Set<bigint>
+  /** Records routed in a row, and the offset of the last one. */
+  inARow: number
+  last: bigint
+}
+
+export interface Router<E, R> {
+  readonly work: Work<E, R>
+  /**
+   * Under `rerun`, after a unit's retries: marks the record it failed on to be routed when the unit runs again, and
+   * returns `true`; `false` when the record is not known (a chunk handler failed on a chunk of several records): then
+   * the unit is to be taken apart, a record per unit.
+   */
+  readonly poison: (
+    partition: TopicPartition.TopicPartition,
+    records: Chunk.Chunk<ConsumerRecord>,
+    failure: HandlerFailure<unknown>
+  ) => boolean
+  /** The partition's position passed `position`: what was kept of the records below it is dropped. */
+  readonly passed: (partition: TopicPartition.TopicPartition, position: bigint) => void
+  /** The partition is assigned anew: what was known of its failures is dropped. */
+  readonly reset: (partition: TopicPartition.TopicPartition) => void
+}
+
+/**
+ * The handler with the dead-letter route around it. `retry` runs an effect with the consumer's retry schedule.
+ */
+export const makeRouter = <E, R>(
+  settings: RouteSettings,
+  mode: Mode,
+  unitHoldsWrites: boolean,
+  work: Work<E, R>,
+  retry: <E2, R2>(effect: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
+): Router<E, R> => {
+  const partitions = new Map<string, PartitionRoute>()
+  /** Failed attempts of records not handled or routed yet, by partition key and offset. */
+  const attempts = new Map<string, number>()
+
+  const stateOf = (k: string) => {
+    let state = partitions.get(k)
+    if (state === undefined) {
+      state = { poisoned: new Map(), written: new Set(), inARow: 0, last: -1n }
+      partitions.set(k, state)
+    }
+    return state
+  }
+
+  const counted = (
+    tp: TopicPartition.TopicPartition,
+    records: Chunk.Chunk<ConsumerRecord>,
+    effect: Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>
+  ) =>
+    Effect.tapError(effect, (failure) =>
+      Effect.sync(() => {
+        if (!(failure instanceof HandlerFailure)) return
+        const offset = failure.offset ?? (Chunk.size(records) === 1 ? Chunk.unsafeHead(records).offset : undefined)
+        if (offset === undefined) return
+        const id = `${TopicPartition.key(tp)}@${offset}`
+        attempts.set(id, (attempts.get(id) ?? 0) + 1)
+      }))
+
+  const handled = (tp: TopicPartition.TopicPartition) =>
+    Effect.sync(() => {
+      const state = partitions.get(TopicPartition.key(tp))
+      if (state !== undefined) state.inARow = 0
+    })
+
+  const park = (
+    tp: TopicPartition.TopicPartition,
+    record: ConsumerRecord,
+    error: unknown
+  ): Effect.Effect<void, RouteFailure> =>
+    Effect.suspend(() => {
+      const k = TopicPartition.key(tp)
+      const state = stateOf(k)
+      const id = `${k}@${record.offset}`
+      const tries = Math.max(attempts.get(id) ?? 1, 1)
+      // A record routed again (its unit ran again after a rollback) is not one more in the row.
+      const fresh = record.offset > state.last
+      if (fresh && state.inARow + 1 >= settings.maxInARow) {
+        return Effect.fail(
+          new RouteFailure(
+            new CircuitOpen({
+              topic: tp.topic,
+              partition: tp.partition,
+              offset: record.offset,
+              count: state.inARow + 1,
+              cause: error
+            })
+          )
+        )
+      }
+      if (state.written.has(record.offset)) return Effect.void
+      return Effect.serviceOption(Producer).pipe(
+        Effect.flatMap((producer) =>
+          Option.isNone(producer)
+            ? Effect.dieMessage("the deadLetter route needs a Producer")
+            : producer.value.send(deadLetterRecord(settings.topic, record, error, tries))
+        ),
+        Effect.mapError((error) => new RouteFailure(error)),
+        Effect.flatMap((written) =>
+          Effect.suspend(() => {
+            if (fresh) {
+              state.inARow++
+              state.last = record.offset
+            }
+            attempts.delete(id)
+            if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
+            return Effect.logWarning(
+              `${k}@${record.offset} failed ${tries} time(s) and was dead-lettered to ${written.topic}-` +
+                `${written.partition}@${written.offset}`
+            )
+          })
+        )
+      )
+    })
+
+  const errorOf = (failure: HandlerFailure<E> | RouteFailure) =>
+    failure instanceof HandlerFailure ? Effect.succeed(failure) : Effect.fail(failure)
+
+  // inPlace and once: the unit goes on past a record that keeps failing, which is routed in it.
+  const inPlace: Work<E, R> = (records, tp) =>
+    Effect.matchEffect(counted(tp, records, work(records, tp)), {
+      onSuccess: () => handled(tp),
+      onFailure: (failure) => Effect.flatMap(errorOf(failure), (failure) => salvage(records, tp, failure))
+    })
+
+  const single = (record: ConsumerRecord, tp: TopicPartition.TopicPartition, first: HandlerFailure<E>) => {
+    if (mode === "once" || !retryable(first)) return park(tp, record, first.error)
+    const one = Chunk.of(record)
+    // The schedule's retries after the failure already seen, which counts as its first attempt.
+    let replayed = false
+    const attempt = Effect.suspend(() => {
+      if (replayed) return counted(tp, one, work(one, tp))
+      replayed = true
+      return Effect.fail(first)
+    })
+    return Effect.catchAll(
+      Effect.zipLeft(retry(attempt), handled(tp)),
+      (failure) => Effect.flatMap(errorOf(failure), (failure) => park(tp, record, failure.error))
+    )
+  }
+
+  const salvage = (
+    records: Chunk.Chunk<ConsumerRecord>,
+    tp: TopicPartition.TopicPartition,
+    failure: HandlerFailure<E>
+  ): Effect.Effect<void, HandlerFailure<E> | RouteFailure, R> => {
+    const offset = failure.offset ?? (Chunk.size(records) === 1 ? Chunk.unsafeHead(records).offset : undefined)
+    if (offset === undefined) {
+      // A chunk handler failed without saying on which record. At most once, none may be handed again: each is
+      // routed. Else each is handled alone, and the ones that still fail are routed.
+      return Effect.forEach(
+        records,
+        (record) =>
+          mode === "once"
+            ? park(tp, record, failure.error)
+            : Effect.matchEffect(counted(tp, Chunk.of(record), work(Chunk.of(record), tp)), {
+              onSuccess: () => handled(tp),
+              onFailure: (again) => Effect.flatMap(errorOf(again), (again) => single(record, tp, again))
+            }),
+        { discard: true }
+      )
+    }
+    const at = Chunk.findFirstIndex(records, (record) => record.offset === offset)
+    if (Option.isNone(at)) return Effect.fail(failure)
+    const record = Chunk.unsafeGet(records, at.value)
+    const rest = Chunk.drop(records, at.value + 1)
+    const routed = at.value > 0 ? Effect.zipRight(handled(tp), single(record, tp, failure)) : single(record, tp, failure)
+    return Chunk.isEmpty(rest) ? routed : Effect.zipRight(routed, inPlace(rest, tp))
+  }
+
+  // rerun: records marked in an earlier attempt of their unit are routed; the others are handled.
+  const rerun: Work<E, R> = (records, tp) => {
+    const state = partitions.get(TopicPartition.key(tp))
+    if (state === undefined || state.poisoned.size === 0) {
+      return Effect.zipLeft(counted(tp, records, work(records, tp)), handled(tp))
+    }
+    const steps: Array<Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>> = []
+    let run: Array<ConsumerRecord> = []
+    const flush = () => {
+      if (run.length === 0) return
+      const part = Chunk.unsafeFromArray(run)
+      steps.push(Effect.zipLeft(counted(tp, part, work(part, tp)), handled(tp)))
+      run = []
+    }
+    for (const record of records) {
+      if (state.poisoned.has(record.offset)) {
+        flush()
+        steps.push(park(tp, record, state.poisoned.get(record.offset)))
+      } else {
+        run.push(record)
+      }
+    }
+    flush()
+    return Effect.forEach(steps, (step) => step, { discard: true })
+  }
+
+  return {
+    work: mode === "rerun" ? rerun : inPlace,
+    poison: (tp, records, failure) => {
+      const offset = failure.offset ?? (Chunk.size(records) === 1 ? Chunk.unsafeHead(records).offset : undefined)
+      if (offset === undefined) return false
+      stateOf(TopicPartition.key(tp)).poisoned.set(offset, failure.error)
+      return true
+    },
+    passed: (tp, position) => {
+      const state = partitions.get(TopicPartition.key(tp))
+      if (state === undefined || (state.poisoned.size === 0 && state.written.size === 0)) return
+      for (const offset of state.poisoned.keys()) if (offset < position) state.poisoned.delete(offset)
+      for (const offset of state.written) if (offset < position) state.written.delete(offset)
+    },
+    reset: (tp) => {
+      partitions.delete(TopicPartition.key(tp))
+    }
+  }
+}

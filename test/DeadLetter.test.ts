@@ -1,0 +1,372 @@
+/**
+ * Poison records on the in-memory broker: typed decoding, the dead-letter route under every policy, the circuit.
+ */
+import { assert, describe, expectTypeOf, it } from "@effect/vitest"
+import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
+import * as Layer from "effect/Layer"
+import * as Schedule from "effect/Schedule"
+import * as Schema from "effect/Schema"
+import * as Codec from "../src/Codec.js"
+import * as CommitPolicy from "../src/CommitPolicy.js"
+import * as Consumer from "../src/Consumer.js"
+import type { ConsumerRecord } from "../src/ConsumerRecord.js"
+import { valueString } from "../src/ConsumerRecord.js"
+import type { Driver } from "../src/Driver.js"
+import * as FailureRoute from "../src/FailureRoute.js"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import { CircuitOpen, ConfigError, DecodeFailed, EncodeFailed, HandlerFailed, ProduceFailed } from "../src/KafkaError.js"
+import * as OffsetStore from "../src/OffsetStore.js"
+import * as Producer from "../src/Producer.js"
+import { readTopic } from "./producerSuite.js"
+
+const encoder = new TextEncoder()
+const bytes = (text: string) => encoder.encode(text)
+
+const recordOf = (fields: Partial<ConsumerRecord>): ConsumerRecord => ({
+  topic: "t",
+  partition: 0,
+  offset: 7n,
+  key: null,
+  value: null,
+  headers: {},
+  timestamp: 0,
+  ...fields
+})
+
+const Order = Schema.Struct({ id: Schema.Number, item: Schema.String })
+
+describe("Codec: records decoded by Schema", () => {
+  const decode = Codec.decoder({ key: Codec.string, value: Codec.json(Order) })
+
+  it.effect("a record that decodes: key, value and the record as fetched", () =>
+    Effect.gen(function*() {
+      const record = recordOf({ key: bytes("k-1"), value: bytes(`{"id":1,"item":"tea"}`) })
+      const decoded = yield* decode(record)
+      assert.strictEqual(decoded.key, "k-1")
+      assert.deepStrictEqual(decoded.value, { id: 1, item: "tea" })
+      assert.strictEqual(decoded.record, record)
+      expectTypeOf(decoded.key).toEqualTypeOf<string>()
+      expectTypeOf(decoded.value).toEqualTypeOf<{ readonly id: number; readonly item: string }>()
+      expectTypeOf(decoded.headers).toEqualTypeOf<Readonly<Record<string, Uint8Array>>>()
+    }))
+
+  it.effect("bad input: each a DecodeFailed naming the field, the record and what is wrong", () =>
+    Effect.gen(function*() {
+      const failure = (record: ConsumerRecord) => Effect.flip(decode(record))
+
+      const notUtf8 = yield* failure(recordOf({ key: bytes("k"), value: new Uint8Array([0x7b, 0xff, 0xfe, 0x7d]) }))
+      assert.instanceOf(notUtf8, DecodeFailed)
+      assert.strictEqual(notUtf8.field, "value")
+      assert.strictEqual(notUtf8.offset, 7n)
+      assert.include(notUtf8.reason, "not valid UTF-8")
+
+      const notJson = yield* failure(recordOf({ key: bytes("k"), value: bytes("{id: 1") }))
+      assert.strictEqual(notJson.field, "value")
+      assert.match(notJson.reason, /JSON/)
+
+      const wrongShape = yield* failure(recordOf({ key: bytes("k"), value: bytes(`{"id":"one","item":"tea"}`) }))
+      assert.strictEqual(wrongShape.field, "value")
+      assert.include(wrongShape.reason, `["id"]`)
+
+      const noKey = yield* failure(recordOf({ key: null, value: bytes(`{"id":1,"item":"tea"}`) }))
+      assert.strictEqual(noKey.field, "key")
+      assert.include(noKey.reason, "null")
+      assert.include(noKey.message, "t-0@7")
+
+      const withHeaders = Codec.decoder({ headers: Schema.Struct({ "trace-id": Codec.string }) })
+      const notBytes = yield* Effect.flip(
+        withHeaders(recordOf({ headers: { "trace-id": "abc" as unknown as Uint8Array } }))
+      )
+      assert.strictEqual(notBytes.field, "headers")
+      assert.include(notBytes.reason, `["trace-id"]`)
+      const missing = yield* Effect.flip(withHeaders(recordOf({})))
+      assert.strictEqual(missing.field, "headers")
+      assert.include(missing.reason, `["trace-id"]`)
+    }))
+
+  it.effect("a key may be absent when its schema says so; raw bytes stay bytes", () =>
+    Effect.gen(function*() {
+      const decoded = yield* Codec.decoder({ key: Schema.NullOr(Codec.string), value: Codec.bytes })(
+        recordOf({ value: new Uint8Array([1, 2]) })
+      )
+      expectTypeOf(decoded.key).toEqualTypeOf<string | null>()
+      expectTypeOf(decoded.value).toEqualTypeOf<Uint8Array>()
+      assert.isNull(decoded.key)
+      assert.deepStrictEqual(decoded.value, new Uint8Array([1, 2]))
+    }))
+
+  it.effect("the producer encodes with the same schemas; a value that does not encode is an EncodeFailed", () =>
+    Effect.gen(function*() {
+      const encode = Codec.encoder({ key: Codec.string, value: Codec.json(Order) })
+      const record = yield* encode({ topic: "orders", key: "k-1", value: { id: 2, item: "jam" } })
+      assert.deepStrictEqual(record.key, bytes("k-1"))
+      assert.deepStrictEqual(record.value, bytes(`{"id":2,"item":"jam"}`))
+      const decoded = yield* decode(recordOf({ key: record.key as Uint8Array, value: record.value as Uint8Array }))
+      assert.deepStrictEqual(decoded.value, { id: 2, item: "jam" })
+
+      const failed = yield* Effect.flip(
+        Codec.encoder({ value: Codec.json(Schema.Struct({ n: Schema.Int })) })({
+          topic: "orders",
+          key: null,
+          value: { n: 1.5 }
+        })
+      )
+      assert.instanceOf(failed, EncodeFailed)
+      assert.strictEqual(failed.field, "value")
+      assert.include(failed.message, "orders")
+    }))
+})
+
+// ---------------------------------------------------------------------------------------------------------------
+// The dead-letter route on the in-memory broker.
+
+const source = "orders"
+const dlq = "orders-dlq"
+const output = "orders-out"
+const produced = 30
+const poisonOffsets = [3, 4, 11, 20, 29]
+const poisonous = (i: number) => poisonOffsets.includes(i)
+
+/** Records 0..29 on one partition; the poison ones are JSON that does not decode or values the handler refuses. */
+const seed = Effect.gen(function*() {
+  yield* InMemoryKafka.createTopic(source, 1)
+  yield* InMemoryKafka.createTopic(dlq, 1)
+  yield* InMemoryKafka.createTopic(output, 1)
+  yield* InMemoryKafka.produce(
+    source,
+    Array.from({ length: produced }, (_, i) => ({
+      key: `k-${i % 4}`,
+      value: !poisonous(i) ? `{"id":${i},"item":"ok"}` : i % 2 === 0 ? `{"id":${i},"item":"refused"}` : "not json",
+      headers: { "trace-id": `t-${i}` },
+      partition: 0
+    }))
+  )
+})
+
+class Refused extends Schema.TaggedError<Refused>()("Refused", { id: Schema.Number }) {}
+
+const waitFor = (what: string, condition: () => boolean) =>
+  Effect.gen(function*() {
+    for (let turn = 0; turn < 2_000; turn++) {
+      if (condition()) return
+      yield* Effect.sleep("5 millis")
+    }
+    assert.fail(`waited 10 s for ${what}`)
+  })
+
+const deadLetters = readTopic(dlq, 1).pipe(Effect.map(([records]) => records!))
+const textOf = (record: ConsumerRecord, header: string) => new TextDecoder().decode(record.headers[header])
+const settings = { groupId: "g", topics: [source], onFailure: FailureRoute.deadLetter({ topic: dlq }) } as const
+
+const env = Layer.provideMerge(InMemoryKafka.layerProducer(), InMemoryKafka.layer())
+
+describe("the dead-letter route", () => {
+  it.live("commitAfter: every record is handled or dead-lettered once, as it was, with headers naming where and why", () =>
+    Effect.gen(function*() {
+      yield* seed
+      const handled: Array<number> = []
+      const attempts = new Map<number, number>()
+      const consumer = Consumer.runEach(
+        { ...settings, retry: Schedule.recurs(2) },
+        Consumer.decoded({ key: Codec.string, value: Codec.json(Order) }, (record) =>
+          Effect.suspend(() => {
+            attempts.set(record.value.id, (attempts.get(record.value.id) ?? 0) + 1)
+            if (record.value.item === "refused") return Effect.fail(new Refused({ id: record.value.id }))
+            handled.push(record.value.id)
+            return Effect.void
+          }))
+      )
+      const fiber = yield* Effect.fork(Effect.provide(consumer, CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })))
+      yield* waitFor("the good records", () => handled.length === produced - poisonOffsets.length)
+      const letters = yield* readTopic(dlq, 1, { atLeast: poisonOffsets.length }).pipe(Effect.map(([r]) => r!))
+      yield* waitFor("the final commit", () => false).pipe(
+        Effect.race(Effect.repeat(InMemoryKafka.committed("g"), {
+          until: (batch) => batch.positions.get(`${source}-0`) === BigInt(produced),
+          schedule: Schedule.spaced("5 millis")
+        }))
+      )
+      yield* Fiber.interrupt(fiber)
+
+      assert.deepStrictEqual(handled, Array.from({ length: produced }, (_, i) => i).filter((i) => !poisonous(i)))
+      assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))
+      for (const letter of letters) {
+        const offset = Number(textOf(letter, "dead-letter-offset"))
+        assert.strictEqual(textOf(letter, "dead-letter-topic"), source)
+        assert.strictEqual(textOf(letter, "dead-letter-partition"), "0")
+        assert.strictEqual(textOf(letter, "trace-id"), `t-${offset}`, "the record's own headers are kept")
+        assert.strictEqual(new TextDecoder().decode(letter.key!), `k-${offset % 4}`)
+        const described = FailureRoute.deadLettered(letter)!
+        assert.strictEqual(described.offset, BigInt(offset))
+        assert.deepStrictEqual(Object.keys(described.headers), ["trace-id"])
+        if (offset % 2 === 0) {
+          // Refused by the handler: 1 attempt and 2 retries.
+          assert.strictEqual(valueString(letter), `{"id":${offset},"item":"refused"}`)
+          assert.strictEqual(textOf(letter, "dead-letter-error-tag"), "Refused")
+          assert.strictEqual(textOf(letter, "dead-letter-attempts"), "3")
+          assert.strictEqual(attempts.get(offset), 3)
+        } else {
+          // Did not decode: not retried, and the handler never saw it.
+          assert.strictEqual(valueString(letter), "not json")
+          assert.strictEqual(textOf(letter, "dead-letter-error-tag"), "DecodeFailed")
+          assert.include(textOf(letter, "dead-letter-error-message"), "value")
+          assert.strictEqual(textOf(letter, "dead-letter-attempts"), "1")
+        }
+      }
+    }).pipe(Effect.provide(env)))
+
+  it.live("the circuit: maxInARow failures in a row stop the consumer with CircuitOpen, before the last is routed", () =>
+    Effect.gen(function*() {
+      yield* InMemoryKafka.createTopic(source, 1)
+      yield* InMemoryKafka.createTopic(dlq, 1)
+      yield* InMemoryKafka.produce(source, Array.from({ length: 10 }, (_, i) => ({ value: i < 2 ? "ok" : "down" })))
+      const handled: Array<bigint> = []
+      const failure = yield* Consumer.runEach(
+        { ...settings, onFailure: FailureRoute.deadLetter({ topic: dlq, maxInARow: 3 }), retry: Schedule.recurs(1) },
+        (record) =>
+          valueString(record) === "down"
+            ? Effect.fail(new Refused({ id: Number(record.offset) }))
+            : Effect.sync(() => handled.push(record.offset))
+      ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })), Effect.flip)
+      expectTypeOf(failure).toEqualTypeOf<Consumer.ConsumerError | ProduceFailed | CircuitOpen<Refused>>()
+      assert.instanceOf(failure, CircuitOpen)
+      assert.strictEqual((failure as CircuitOpen<Refused>).offset, 4n)
+      assert.strictEqual((failure as CircuitOpen<Refused>).count, 3)
+      assert.instanceOf((failure as CircuitOpen<Refused>).cause, Refused)
+      assert.deepStrictEqual(handled, [0n, 1n])
+      const letters = yield* deadLetters
+      assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), ["2", "3"])
+      const committed = (yield* InMemoryKafka.committed("g")).positions.get(`${source}-0`)
+      assert.isTrue(committed === undefined || committed <= 4n, `committed ${committed}: past the record not routed`)
+    }).pipe(Effect.provide(env)))
+
+  it.live("atMostOnce: the handler runs once per record; a failed one is dead-lettered at once", () =>
+    Effect.gen(function*() {
+      yield* seed
+      const calls = new Map<number, number>()
+      const fiber = yield* Effect.fork(
+        Consumer.runEach(
+          settings,
+          Consumer.decoded({ value: Codec.json(Order) }, (record) =>
+            Effect.suspend(() => {
+              calls.set(record.value.id, (calls.get(record.value.id) ?? 0) + 1)
+              return record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void
+            }))
+        ).pipe(Effect.provide(CommitPolicy.atMostOnce))
+      )
+      const letters = yield* readTopic(dlq, 1, { atLeast: poisonOffsets.length }).pipe(Effect.map(([r]) => r!))
+      // The records that decode: all but 3, 11 and 29.
+      yield* waitFor("every decodable record", () => calls.size === produced - 3)
+      yield* Fiber.interrupt(fiber)
+      assert.isTrue([...calls.values()].every((n) => n === 1), "a record was handed over twice")
+      assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))
+      assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-attempts")), poisonOffsets.map(() => "1"))
+    }).pipe(Effect.provide(env)))
+
+  it.live("transactional: a failed record's writes are rolled back; the rest of its unit lands once", () =>
+    Effect.gen(function*() {
+      yield* seed
+      const consumer = Consumer.run(
+        { ...settings, maxPollRecords: 8, retry: Schedule.recurs(1) },
+        // A chunk handler: it writes each record, and fails on a refused one after writing those before it.
+        Consumer.decodedChunk({ value: Codec.json(Order) }, (records) =>
+          Effect.forEach(records, (record) =>
+            Effect.zipRight(
+              OffsetStore.append([record.value.id]),
+              record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void
+            ), { discard: true }))
+      )
+      const fiber = yield* Effect.fork(Effect.provide(consumer, CommitPolicy.transactional()))
+      const letters = yield* readTopic(dlq, 1, { atLeast: poisonOffsets.length }).pipe(Effect.map(([r]) => r!))
+      const results = yield* OffsetStore.Results
+      let stored: ReadonlyArray<unknown> = []
+      yield* Effect.repeat(
+        Effect.map(results.read("g"), (read) => {
+          stored = read
+        }),
+        { until: () => stored.length >= produced - poisonOffsets.length, schedule: Schedule.spaced("5 millis") }
+      ).pipe(Effect.timeout("10 seconds"))
+      yield* Fiber.interrupt(fiber)
+      const good = Array.from({ length: produced }, (_, i) => i).filter((i) => !poisonous(i))
+      assert.deepStrictEqual(stored, good, "each good record's write once, and no write of a failed attempt")
+      assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))
+      const claim = yield* Effect.flatMap(OffsetStore.OffsetStore, (store) =>
+        store.load("g", [{ topic: source, partition: 0 }]))
+      assert.strictEqual(claim.get(`${source}-0`), BigInt(produced))
+    }).pipe(Effect.provide(Layer.merge(env, OffsetStore.layerMemory))))
+
+  it.live("kafkaTransactional: the dead-letter write, the other records' output and the position in one transaction", () =>
+    Effect.gen(function*() {
+      yield* seed
+      const consumer = Consumer.runEach(
+        { ...settings, maxPollRecords: 8, retry: Schedule.recurs(1) },
+        Consumer.decoded({ value: Codec.json(Order) }, (record) =>
+          Effect.zipRight(
+            Producer.send({ topic: output, value: String(record.value.id), partition: 0 }),
+            record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void
+          ))
+      )
+      const fiber = yield* Effect.fork(
+        Effect.provide(consumer, CommitPolicy.kafkaTransactional().pipe(
+          Layer.provide(InMemoryKafka.layerTransactionalProducers())
+        ))
+      )
+      const letters = yield* readTopic(dlq, 1, { atLeast: poisonOffsets.length }).pipe(Effect.map(([r]) => r!))
+      const out = yield* readTopic(output, 1, { atLeast: produced - poisonOffsets.length }).pipe(
+        Effect.map(([r]) => r!)
+      )
+      yield* Fiber.interrupt(fiber)
+      const good = Array.from({ length: produced }, (_, i) => String(i)).filter((i) => !poisonous(Number(i)))
+      assert.deepStrictEqual(out.map(valueString), good, "the output of a failed attempt was aborted")
+      assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))
+      const again = yield* readTopic(dlq, 1)
+      assert.strictEqual(again[0]!.length, poisonOffsets.length, "a dead letter written twice")
+    }).pipe(Effect.provide(env)))
+
+  it.effect("a bad route is a ConfigError naming it; a partition stream takes no route", () =>
+    Effect.gen(function*() {
+      const refused = (config: Consumer.Config) =>
+        Effect.flip(Consumer.validate(config))
+      const sameTopic = yield* refused({ groupId: "g", topics: [source], onFailure: FailureRoute.deadLetter({ topic: source }) })
+      assert.strictEqual(sameTopic.field, "onFailure.topic")
+      const badName = yield* refused({ groupId: "g", topics: [source], onFailure: FailureRoute.deadLetter({ topic: "a b" }) })
+      assert.strictEqual(badName.field, "onFailure.topic")
+      const badCircuit = yield* refused({
+        groupId: "g",
+        topics: [source],
+        onFailure: FailureRoute.deadLetter({ topic: dlq, maxInARow: 0 })
+      })
+      assert.strictEqual(badCircuit.field, "onFailure.maxInARow")
+      assert.instanceOf(badCircuit, ConfigError)
+    }))
+})
+
+describe("the route in the types", () => {
+  const handler = (_: ConsumerRecord) => Effect.fail(new Refused({ id: 1 }))
+  it("stop: HandlerFailed, and no Producer needed", () => {
+    const stopped = Consumer.runEach({ groupId: "g", topics: [source] }, handler)
+    expectTypeOf<Effect.Effect.Error<typeof stopped>>().toEqualTypeOf<Consumer.ConsumerError | HandlerFailed<Refused>>()
+    expectTypeOf<Effect.Effect.Context<typeof stopped>>().toEqualTypeOf<Driver | CommitPolicy.CommitPolicy>()
+  })
+  it("deadLetter: no HandlerFailed; ProduceFailed or CircuitOpen instead, and a Producer needed", () => {
+    const routed = Consumer.runEach(settings, handler)
+    expectTypeOf<Effect.Effect.Error<typeof routed>>().toEqualTypeOf<
+      Consumer.ConsumerError | ProduceFailed | CircuitOpen<Refused>
+    >()
+    expectTypeOf<Effect.Effect.Context<typeof routed>>().toEqualTypeOf<
+      Driver | CommitPolicy.CommitPolicy | Producer.Producer
+    >()
+    const withPolicy = Effect.provide(routed, CommitPolicy.commitAfter({ maxBatch: 10, maxInterval: "1 second" }))
+    // @ts-expect-error a dead-letter route cannot run without a Producer
+    const _noProducer: Effect.Effect<never, unknown, Driver> = withPolicy
+    // A configuration typed as Config may carry any route: both kinds of error, and a Producer.
+    const anyConfig: Consumer.Config = settings
+    const either = Consumer.runEach(anyConfig, handler)
+    expectTypeOf<Effect.Effect.Error<typeof either>>().toEqualTypeOf<
+      Consumer.ConsumerError | HandlerFailed<Refused> | ProduceFailed | CircuitOpen<Refused>
+    >()
+    expectTypeOf<Effect.Effect.Context<typeof either>>().toEqualTypeOf<
+      Driver | CommitPolicy.CommitPolicy | Producer.Producer
+    >()
+  })
+})
