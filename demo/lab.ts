@@ -13,13 +13,16 @@ import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
+import * as Data from "effect/Data"
+import * as Codec from "../src/Codec.js"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import { Driver } from "../src/Driver.js"
+import * as FailureRoute from "../src/FailureRoute.js"
 import { Crashed, type CrashPoint, crashPoints } from "../src/Faults.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { TransactionFailed } from "../src/KafkaError.js"
+import { type DecodeFailed, TransactionFailed } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as Producer from "../src/Producer.js"
 import type { Transaction } from "../src/OffsetStore.js"
@@ -56,6 +59,12 @@ export interface Workload {
    * session when there are zombies. `transactional` and `kafkaTransactional` only.
    */
   readonly zombies?: number
+  /**
+   * Share of poison records, chosen at random from the seed: half do not decode (bytes that are not UTF-8), half
+   * decode and are refused by the handler (under the exactly-once policies, after it wrote its result). With any, the
+   * consumer dead-letters them (`FailureRoute.deadLetter`) to the topic's `-dlq` topic. Default 0.
+   */
+  readonly poisonRate?: number
   /** Keeps the run's topic and group apart from earlier runs with the same policy and seed, in a store that lasts. */
   readonly runId?: string
   /** Told, while the run goes on, how far the group's stored positions have got. */
@@ -73,11 +82,22 @@ export interface Progress {
 export interface Outcome {
   readonly policy: PolicyName
   readonly produced: number
+  /** Poison records among those produced (see `Workload.poisonRate`). */
+  readonly poison: number
+  /** Records in the dead-letter topic, once each. */
+  readonly deadLettered: number
+  /** Dead-letter records beyond the first of a record (a crash between the dead-letter write and the position). */
+  readonly deadLetterRepeats: number
+  /** Records both handled and dead-lettered: never for the exactly-once policies. */
+  readonly handledAndDeadLettered: number
+  /** Records in the dead-letter topic that were not poison, or poison records that were handled. */
+  readonly misrouted: number
   /**
    * Records handed to the handler, counting repeats (for `transactional`: results committed with positions; for
    * `kafkaTransactional`: records in the output topic, read `read_committed`).
    */
   readonly delivered: number
+  /** Records neither handled nor dead-lettered. */
   readonly lost: number
   readonly duplicated: number
   readonly crashes: number
@@ -129,6 +149,43 @@ export const atCheckpoint = (tally: Tally) =>
   })
 
 export const recordKey = (r: { readonly partition: number; readonly offset: bigint }) => `${r.partition}@${r.offset}`
+
+/** The topic a run with poison records dead-letters them to. */
+export const deadLetterTopic = (topic: string) => `${topic}-dlq`
+
+/** A poison record that decodes: the handler refuses it. */
+const refusedPrefix = "refuse-"
+
+class Refused extends Data.TaggedError("Refused")<{ readonly record: string }> {
+  override get message() {
+    return `record ${this.record} is refused by the handler`
+  }
+}
+
+/**
+ * The handler of a run: records decoded as UTF-8 first when the run has poison records, and refused when they say
+ * so, before `handle` (`refuseAfter`: after it, as a handler that wrote something and then failed).
+ */
+const withPoison = <E, R>(
+  workload: Workload,
+  handle: (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>,
+  refuseAfter: boolean
+): Consumer.Handler<E | Refused | DecodeFailed, R> => {
+  if ((workload.poisonRate ?? 0) === 0) return handle
+  return Consumer.decodedChunk({ value: Codec.string }, (decoded, partition) => {
+    const records = Chunk.map(decoded, (d) => d.record)
+    const refused = Chunk.findFirst(decoded, (d) => d.value.startsWith(refusedPrefix))
+    if (refused._tag === "None") return handle(records, partition)
+    const fail = Effect.fail(new Refused({ record: recordKey(refused.value) }))
+    return refuseAfter ? Effect.zipRight(handle(records, partition), fail) : fail
+  })
+}
+
+/** The run's failure route: dead letters when it has poison records. */
+const routeOf = (workload: Workload, topic: string) =>
+  (workload.poisonRate ?? 0) === 0
+    ? {}
+    : { onFailure: FailureRoute.deadLetter({ topic: deadLetterTopic(topic) }) }
 
 export const tallyAll = (tally: Tally, records: Chunk.Chunk<ConsumerRecord>) =>
   Effect.sync(() => {
@@ -260,11 +317,16 @@ export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) =
           topics: [topic],
           maxPollRecords: workload.maxPollRecords ?? 50,
           retry: Schedule.recurs(0),
-          ...orderingOf(workload)
+          ...orderingOf(workload),
+          ...routeOf(workload, topic)
         },
-        (records) => paced(workload, tallyAll(tally, records))
+        withPoison(workload, (records) => paced(workload, tallyAll(tally, records)), false)
       ).pipe(
-        Effect.provide(Layer.merge(policy, InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))))
+        Effect.provide(Layer.mergeAll(
+          policy,
+          InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId)),
+          InMemoryKafka.layerProducer()
+        ))
       ),
     positions: (groupId) => Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.committed(groupId)).pipe(Effect.flatten),
     tally: () => Effect.succeed(tally)
@@ -318,13 +380,14 @@ const exactlyOnceConfig = (
   workload: Workload,
   groupId: string,
   topic: string
-): Omit<Consumer.Config, "onFailure"> => ({
+): Consumer.Config => ({
   groupId,
   topics: [topic],
   maxPollRecords: workload.maxPollRecords ?? 50,
   retry: Schedule.recurs(0),
   ...sessionOf(workload),
-  ...orderingOf(workload)
+  ...orderingOf(workload),
+  ...routeOf(workload, topic)
 })
 
 /** The workload's ordering and concurrency, as consumer settings. */
@@ -390,6 +453,9 @@ export const readCommitted = (topic: string, partitions: number) =>
 
 const decoder = new TextDecoder()
 
+/** The value of a poison record that does not decode: bytes that are not UTF-8. */
+const notUtf8 = new Uint8Array([0xff, 0xfe, 0xfd])
+
 /**
  * The plan for `kafkaTransactional`: the handler produces one record per input record (its key the input's
  * partition and offset) into the output topic, in the chunk's Kafka transaction with the input positions; deliveries
@@ -405,7 +471,7 @@ export const kafkaTransactionalPlan: MakePlan<Driver> = (workload, shouldCrash, 
         yield* kafka.createTopic(out, workload.partitions)
         return yield* Consumer.run(
           exactlyOnceConfig(workload, groupId, topic),
-          (records, partition) =>
+          withPoison(workload, (records, partition) =>
             Producer.sendAll(Chunk.map(records, (r) => ({
               topic: out,
               partition: r.partition,
@@ -415,7 +481,7 @@ export const kafkaTransactionalPlan: MakePlan<Driver> = (workload, shouldCrash, 
               (sent) => paced(workload, sent),
               // A zombie's transaction holds its records and goes on to commit after its partition has moved on.
               Effect.zipRight(afterUnit(groupId, partition, records, zombies, progress, committedPositions))
-            )
+            ), true)
         ).pipe(
           Effect.provide(Layer.mergeAll(
             CommitPolicy.kafkaTransactional().pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers())),
@@ -440,15 +506,16 @@ export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.
     member: (groupId, topic) =>
       Consumer.run(
         exactlyOnceConfig(workload, groupId, topic),
-        (records, partition) =>
+        withPoison(workload, (records, partition) =>
           paced(workload, sink.write(records)).pipe(
             // A zombie's unit has written its results and goes on to commit after its partition has moved on.
             Effect.zipRight(afterUnit(groupId, partition, records, zombies, progress, storedPositions))
-          )
+          ), true)
       ).pipe(
-        Effect.provide(Layer.merge(
+        Effect.provide(Layer.mergeAll(
           CommitPolicy.transactional(),
-          InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))
+          InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId)),
+          InMemoryKafka.layerProducer()
         ))
       ),
     positions: storedPositions,
@@ -467,17 +534,26 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     const topic = `lab-${workload.policy}-${workload.seed}${workload.runId === undefined ? "" : `-${workload.runId}`}`
     const groupId = `${topic}-group`
     yield* kafka.createTopic(topic, workload.partitions)
+    const poisonRate = workload.poisonRate ?? 0
+    if (poisonRate > 0) yield* kafka.createTopic(deadLetterTopic(topic), workload.partitions)
+    // Poison records are chosen by a generator of their own: the same seed crashes at the same points with or without.
+    const poisonRng = random(workload.seed ^ 0x5bd1e995)
+    const poison = new Set<string>()
     const batch = 10_000
     for (let at = 0; at < workload.records; at += batch) {
       const n = Math.min(batch, workload.records - at)
-      yield* kafka.produce(
+      const kinds = Array.from({ length: n }, () => poisonRate > 0 && poisonRng() < poisonRate)
+      const written = yield* kafka.produce(
         topic,
         Array.from({ length: n }, (_, i) => ({
-          value: String(at + i),
+          value: !kinds[i] ? String(at + i) : (at + i) % 2 === 0 ? `${refusedPrefix}${at + i}` : notUtf8,
           partition: (at + i) % workload.partitions,
           ...(workload.keys === undefined ? {} : { key: `k${(at + i) % workload.keys}` })
         }))
       )
+      written.forEach(([partition, offset], i) => {
+        if (kinds[i]) poison.add(recordKey({ partition, offset }))
+      })
     }
     const end = yield* kafka.endOffsets(topic)
     let crashes = 0
@@ -581,18 +657,39 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     yield* Fiber.interruptAll([...members, ...extras])
     const elapsedMillis = (yield* Clock.currentTimeMillis) - start
     const tally = yield* plan.tally(groupId, topic)
+    const letters = new Map<string, number>()
+    if (poisonRate > 0) {
+      for (const record of yield* readCommitted(deadLetterTopic(topic), workload.partitions)) {
+        const letter = FailureRoute.deadLettered(record)
+        const k = letter === undefined || letter.topic !== topic ? "?" : recordKey(letter)
+        letters.set(k, (letters.get(k) ?? 0) + 1)
+      }
+    }
     let lost = 0
     let duplicated = 0
+    let handledAndDeadLettered = 0
+    let deadLetterRepeats = 0
+    let misrouted = letters.get("?") ?? 0
     for (let p = 0; p < end.length; p++) {
       for (let o = 0n; o < end[p]!; o++) {
-        const n = tally.counts.get(`${p}@${o}`) ?? 0
-        if (n === 0) lost++
-        else duplicated += n - 1
+        const k = `${p}@${o}`
+        const n = tally.counts.get(k) ?? 0
+        const dead = letters.get(k) ?? 0
+        if (n === 0 && dead === 0) lost++
+        if (n > 0) duplicated += n - 1
+        if (dead > 0) deadLetterRepeats += dead - 1
+        if (n > 0 && dead > 0) handledAndDeadLettered++
+        if ((dead > 0 && !poison.has(k)) || (n > 0 && poison.has(k))) misrouted++
       }
     }
     return {
       policy: workload.policy,
       produced: workload.records,
+      poison: poison.size,
+      deadLettered: [...letters.keys()].filter((k) => k !== "?").length,
+      deadLetterRepeats,
+      handledAndDeadLettered,
+      misrouted,
       delivered: tally.delivered,
       lost,
       duplicated,

@@ -368,7 +368,7 @@ export const run = <C extends Config, E, R, EH = never, RH = never>(
       Effect.mapError(
         handler(records, partition),
         // A record that did not decode names itself: the route takes that one record, not the chunk.
-        (error) => new runloop.HandlerFailure(error, error instanceof DecodeFailed ? error.offset : undefined)
+        (error) => new runloop.HandlerFailure(error, error instanceof DecodeFailed ? error.offset : undefined, false)
       )
     return typed<C, E, EH, R | Exclude<RH, Scope.Scope>>(runloop.run(resolved, call, hooks))
   })

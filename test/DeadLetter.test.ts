@@ -156,6 +156,13 @@ const waitFor = (what: string, condition: () => boolean) =>
   })
 
 const deadLetters = readTopic(dlq, 1).pipe(Effect.map(([records]) => records!))
+
+/** Waits until the group "g" has committed `position` on the source partition, for at most 10 seconds. */
+const untilCommitted = (position: number) =>
+  Effect.repeat(InMemoryKafka.committed("g"), {
+    until: (batch) => batch.positions.get(`${source}-0`) === BigInt(position),
+    schedule: Schedule.spaced("5 millis")
+  }).pipe(Effect.timeout("10 seconds"), Effect.orDie)
 const textOf = (record: ConsumerRecord, header: string) => new TextDecoder().decode(record.headers[header])
 const settings = { groupId: "g", topics: [source], onFailure: FailureRoute.deadLetter({ topic: dlq }) } as const
 
@@ -179,14 +186,9 @@ describe("the dead-letter route", () => {
       )
       const fiber = yield* Effect.fork(Effect.provide(consumer, CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })))
       yield* waitFor("the good records", () => handled.length === produced - poisonOffsets.length)
-      const letters = yield* readTopic(dlq, 1, { atLeast: poisonOffsets.length }).pipe(Effect.map(([r]) => r!))
-      yield* waitFor("the final commit", () => false).pipe(
-        Effect.race(Effect.repeat(InMemoryKafka.committed("g"), {
-          until: (batch) => batch.positions.get(`${source}-0`) === BigInt(produced),
-          schedule: Schedule.spaced("5 millis")
-        }))
-      )
+      yield* untilCommitted(produced)
       yield* Fiber.interrupt(fiber)
+      const letters = yield* deadLetters
 
       assert.deepStrictEqual(handled, Array.from({ length: produced }, (_, i) => i).filter((i) => !poisonous(i)))
       assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))
@@ -221,13 +223,23 @@ describe("the dead-letter route", () => {
       yield* InMemoryKafka.createTopic(dlq, 1)
       yield* InMemoryKafka.produce(source, Array.from({ length: 10 }, (_, i) => ({ value: i < 2 ? "ok" : "down" })))
       const handled: Array<bigint> = []
-      const failure = yield* Consumer.runEach(
+      const consumer = Consumer.runEach(
         { ...settings, onFailure: FailureRoute.deadLetter({ topic: dlq, maxInARow: 3 }), retry: Schedule.recurs(1) },
         (record) =>
           valueString(record) === "down"
             ? Effect.fail(new Refused({ id: Number(record.offset) }))
             : Effect.sync(() => handled.push(record.offset))
       ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })), Effect.flip)
+      const fiber = yield* Effect.fork(consumer)
+      // Either the consumer stops, or (were the circuit broken) every record gets routed and committed.
+      let ended = false
+      const routedAll = Effect.map(InMemoryKafka.committed("g"), (batch) => batch.positions.get(`${source}-0`) === 10n)
+      for (let turn = 0; turn < 2_000 && !ended; turn++) {
+        ended = (yield* fiber.poll)._tag === "Some" || (yield* routedAll)
+        if (!ended) yield* Effect.sleep("5 millis")
+      }
+      assert.isTrue((yield* fiber.poll)._tag === "Some", "the consumer went on past 3 failures in a row")
+      const failure = yield* Fiber.join(fiber)
       expectTypeOf(failure).toEqualTypeOf<Consumer.ConsumerError | ProduceFailed | CircuitOpen<Refused>>()
       assert.instanceOf(failure, CircuitOpen)
       assert.strictEqual((failure as CircuitOpen<Refused>).offset, 4n)
@@ -277,22 +289,18 @@ describe("the dead-letter route", () => {
             ), { discard: true }))
       )
       const fiber = yield* Effect.fork(Effect.provide(consumer, CommitPolicy.transactional()))
-      const letters = yield* readTopic(dlq, 1, { atLeast: poisonOffsets.length }).pipe(Effect.map(([r]) => r!))
-      const results = yield* OffsetStore.Results
-      let stored: ReadonlyArray<unknown> = []
-      yield* Effect.repeat(
-        Effect.map(results.read("g"), (read) => {
-          stored = read
-        }),
-        { until: () => stored.length >= produced - poisonOffsets.length, schedule: Schedule.spaced("5 millis") }
-      ).pipe(Effect.timeout("10 seconds"))
+      const store = yield* OffsetStore.OffsetStore
+      const position = store.load("g", [{ topic: source, partition: 0 }]).pipe(Effect.map((p) => p.get(`${source}-0`)))
+      yield* Effect.repeat(position, {
+        until: (at) => at === BigInt(produced),
+        schedule: Schedule.spaced("5 millis")
+      }).pipe(Effect.timeout("10 seconds"), Effect.orDie)
       yield* Fiber.interrupt(fiber)
+      const letters = yield* deadLetters
+      const stored = yield* Effect.flatMap(OffsetStore.Results, (results) => results.read("g"))
       const good = Array.from({ length: produced }, (_, i) => i).filter((i) => !poisonous(i))
       assert.deepStrictEqual(stored, good, "each good record's write once, and no write of a failed attempt")
       assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))
-      const claim = yield* Effect.flatMap(OffsetStore.OffsetStore, (store) =>
-        store.load("g", [{ topic: source, partition: 0 }]))
-      assert.strictEqual(claim.get(`${source}-0`), BigInt(produced))
     }).pipe(Effect.provide(Layer.merge(env, OffsetStore.layerMemory))))
 
   it.live("kafkaTransactional: the dead-letter write, the other records' output and the position in one transaction", () =>
@@ -311,11 +319,10 @@ describe("the dead-letter route", () => {
           Layer.provide(InMemoryKafka.layerTransactionalProducers())
         ))
       )
-      const letters = yield* readTopic(dlq, 1, { atLeast: poisonOffsets.length }).pipe(Effect.map(([r]) => r!))
-      const out = yield* readTopic(output, 1, { atLeast: produced - poisonOffsets.length }).pipe(
-        Effect.map(([r]) => r!)
-      )
+      yield* untilCommitted(produced)
       yield* Fiber.interrupt(fiber)
+      const letters = (yield* deadLetters)
+      const out = (yield* readTopic(output, 1))[0]!
       const good = Array.from({ length: produced }, (_, i) => String(i)).filter((i) => !poisonous(Number(i)))
       assert.deepStrictEqual(out.map(valueString), good, "the output of a failed attempt was aborted")
       assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))

@@ -7,7 +7,15 @@ import * as FastCheck from "effect/FastCheck"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as TestClock from "effect/TestClock"
-import { appendSink, isCrash, type Outcome, runWorkload, transactionalPlan, type Workload } from "../demo/lab.js"
+import {
+  appendSink,
+  isCrash,
+  kafkaTransactionalPlan,
+  type Outcome,
+  runWorkload,
+  transactionalPlan,
+  type Workload
+} from "../demo/lab.js"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import { type CrashPoint, crashPoints } from "../src/Faults.js"
@@ -125,6 +133,72 @@ describe("delivery guarantees under crashes at each point, with members joining 
         assert.strictEqual(amo.delivered + amo.lost, workload.records, describeOutcome(amo))
       }),
     { fastCheck: { numRuns: 25 }, timeout: 120_000 }
+  )
+})
+
+describe("poison records dead-lettered under crashes and rebalances", () => {
+  const withPoison = (o: Outcome) =>
+    `${describeOutcome(o)}, poison ${o.poison}, dead-lettered ${o.deadLettered} (repeats ${o.deadLetterRepeats}), ` +
+    `both ${o.handledAndDeadLettered}, misrouted ${o.misrouted}`
+
+  it.live.prop(
+    "property: every record is handled or dead-lettered (commitAfter, transactional, kafkaTransactional), none is both under the exactly-once policies, and only poison is dead-lettered",
+    {
+      seed: FastCheck.integer({ min: 1, max: 1_000_000 }),
+      poisonRate: FastCheck.double({ min: 0.01, max: 0.3, noNaN: true }),
+      consumers: FastCheck.integer({ min: 1, max: 3 }),
+      partitions: FastCheck.integer({ min: 1, max: 6 }),
+      maxPollRecords: FastCheck.integer({ min: 1, max: 40 }),
+      points: FastCheck.subarray([...crashPoints], { minLength: 1 }),
+      crashes: FastCheck.integer({ min: 0, max: 10 }),
+      rebalances: FastCheck.boolean(),
+      ordering: FastCheck.constantFrom("partition" as const, "key" as const),
+      keys: FastCheck.integer({ min: 1, max: 50 })
+    },
+    ({ consumers, crashes, keys, maxPollRecords, ordering, partitions, points, poisonRate, rebalances, seed }) =>
+      Effect.gen(function*() {
+        const workload = {
+          records: 600,
+          partitions,
+          consumers,
+          crashes,
+          crashRate: 0.1,
+          crashPoints: points as ReadonlyArray<CrashPoint>,
+          rebalances,
+          maxPollRecords,
+          commitEvery: 20,
+          seed,
+          ordering,
+          keys,
+          poisonRate
+        }
+        const alo = yield* run({ ...workload, policy: "commitAfter" })
+        assert.isAbove(alo.poison, 0, withPoison(alo))
+        assert.strictEqual(alo.lost, 0, withPoison(alo))
+        assert.strictEqual(alo.misrouted, 0, withPoison(alo))
+        assert.strictEqual(alo.deadLettered, alo.poison, withPoison(alo))
+
+        const eos = yield* runWorkload({ ...workload, policy: "transactional" }, transactionalPlan(appendSink)).pipe(
+          Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))
+        )
+        for (const o of [eos]) {
+          assert.strictEqual(o.lost, 0, withPoison(o))
+          assert.strictEqual(o.duplicated, 0, withPoison(o))
+          assert.strictEqual(o.handledAndDeadLettered, 0, withPoison(o))
+          assert.strictEqual(o.misrouted, 0, withPoison(o))
+          assert.strictEqual(o.deadLettered, o.poison, withPoison(o))
+        }
+        const ktx = yield* runWorkload({ ...workload, policy: "kafkaTransactional" }, kafkaTransactionalPlan).pipe(
+          Effect.provide(InMemoryKafka.layer())
+        )
+        assert.strictEqual(ktx.lost, 0, withPoison(ktx))
+        assert.strictEqual(ktx.duplicated, 0, withPoison(ktx))
+        assert.strictEqual(ktx.handledAndDeadLettered, 0, withPoison(ktx))
+        assert.strictEqual(ktx.misrouted, 0, withPoison(ktx))
+        assert.strictEqual(ktx.deadLetterRepeats, 0, withPoison(ktx))
+        assert.strictEqual(ktx.deadLettered, ktx.poison, withPoison(ktx))
+      }),
+    { fastCheck: { numRuns: 12 }, timeout: 120_000 }
   )
 })
 

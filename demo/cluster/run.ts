@@ -537,6 +537,12 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       zombies: paused,
       elapsedMillis,
       unexpectedExits,
-      handlerMillis
+      handlerMillis,
+      // The cluster run has no poison records.
+      poison: 0,
+      deadLettered: 0,
+      deadLetterRepeats: 0,
+      handledAndDeadLettered: 0,
+      misrouted: 0
     } satisfies RealOutcome
   }))

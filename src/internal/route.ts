@@ -18,7 +18,12 @@ export interface RouteSettings {
  * policy's own errors (a handler may well fail with a `DriverError` of its own); `offset` locates it when known.
  */
 export class HandlerFailure<E> {
-  constructor(readonly error: E, readonly offset: bigint | undefined) {}
+  constructor(
+    readonly error: E,
+    readonly offset: bigint | undefined,
+    /** Whether the records before `offset` were handled (a record handler goes in order; a chunk handler not). */
+    readonly handledBefore: boolean = true
+  ) {}
 }
 
 /** The route itself failed: the dead-letter write, or the circuit opened. Neither retried nor routed. */
@@ -217,7 +222,12 @@ export const makeRouter = <E, R>(
     if (Option.isNone(at)) return Effect.fail(failure)
     const record = Chunk.unsafeGet(records, at.value)
     const rest = Chunk.drop(records, at.value + 1)
-    const routed = at.value > 0 ? Effect.zipRight(handled(tp), single(record, tp, failure)) : single(record, tp, failure)
+    const before = at.value === 0
+      ? Effect.void
+      : failure.handledBefore
+      ? handled(tp)
+      : inPlace(Chunk.take(records, at.value), tp)
+    const routed = Effect.zipRight(before, single(record, tp, failure))
     return Chunk.isEmpty(rest) ? routed : Effect.zipRight(routed, inPlace(rest, tp))
   }
 

@@ -76,6 +76,13 @@ export type RouteError<E> = ProduceFailed | CircuitOpen<E>
 
 export { HandlerFailure, type Work } from "./route.js"
 
+/** A unit given up because its partition is being revoked (see `abandon`). */
+class Abandoned {
+  readonly _tag = "Abandoned"
+}
+const givenUp = new Abandoned()
+const isGivenUp = (error: unknown): error is Abandoned => error === givenUp
+
 /** The session must end and a new one begin: the cluster could not be reached. */
 class Reconnect {
   constructor(readonly cause: DriverError) {}
@@ -348,14 +355,13 @@ const runSession = <E, R, EH, RH>(
       state: PartitionState,
       records: Chunk.Chunk<ConsumerRecord>,
       position: bigint
-    ): Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin, R> => {
+    ): Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin | Abandoned, R> => {
       // A chunk whose every record an earlier owner finished still moves the position, as an empty one does.
       const handled = Chunk.isEmpty(records) ? Effect.void : chunkWork(records, state.tp)
       return policy.process(state.tp, records, position, handled, retry).pipe(
         Effect.catchAll((error) => {
-          if (rerun === undefined || !(error instanceof HandlerFailure) || state.stopping) {
-            return failed(state, records, error)
-          }
+          if (rerun === undefined || !(error instanceof HandlerFailure)) return failed(state, records, error)
+          if (state.stopping) return abandon(state)
           if (rerun.poison(state.tp, records, error)) return processChunk(state, records, position)
           return Effect.forEach(Chunk.range(0, Chunk.size(records) - 1), (i) => {
             const next = i + 1 < Chunk.size(records) ? Chunk.unsafeGet(records, i + 1).offset : position
@@ -364,6 +370,14 @@ const runSession = <E, R, EH, RH>(
         })
       )
     }
+
+    // A unit rolled back while its partition is revoked: its records, and every one after them, are left to the
+    // partition's next owner, which handles (and routes) them. Nothing after it may move the position.
+    const abandon = (state: PartitionState) =>
+      Effect.zipRight(
+        Effect.logDebug(`${state.key}: a failed unit is left to the partition's next owner`),
+        Effect.fail(givenUp)
+      )
 
     // Chunks one after another, each as it was fetched. The worker takes every chunk waiting at once and handles
     // them in a loop of flatMaps rather than a generator: this runs once per chunk.
@@ -377,7 +391,10 @@ const runSession = <E, R, EH, RH>(
         const { next: position, records: fetched } = Chunk.unsafeGet(chunks, at)
         const records = state.skip === undefined ? fetched : withoutFinished(state, fetched)
         return processChunk(state, records, position).pipe(
-          Effect.flatMap(() => {
+          Effect.as(true),
+          Effect.catchIf(isGivenUp, () => Effect.succeed(false)),
+          Effect.flatMap((kept) => {
+            if (!kept) return Effect.void
             rerun?.passed(state.tp, position)
             state.outstanding -= Chunk.size(fetched)
             return state.paused
@@ -446,21 +463,20 @@ const runSession = <E, R, EH, RH>(
         parts: ReadonlyArray<Chunk.Chunk<ConsumerRecord>>,
         finished: ReadonlyArray<Range>,
         indexes: ReadonlyArray<number>
-      ): Step => {
+      ): Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin | Abandoned, R> => {
         const handler = parts.length === 1 ? routed(parts[0]!, tp) : Effect.forEach(parts, (part) =>
           Effect.mapError(
             routed(part, tp),
             // Where a chunk handler failed, for `HandlerFailed`: its part. A rerun needs the record itself.
             (error) =>
               error instanceof HandlerFailure && error.offset === undefined && rerun === undefined
-                ? new HandlerFailure(error.error, Chunk.unsafeHead(part).offset)
+                ? new HandlerFailure(error.error, Chunk.unsafeHead(part).offset, false)
                 : error
           ), { discard: true })
         return policyOf.handle(tp, progress.position(), finished, handler, retry).pipe(
           Effect.catchAll((error) => {
-            if (rerun === undefined || !(error instanceof HandlerFailure) || state.stopping) {
-              return failed(state, parts[0]!, error)
-            }
+            if (rerun === undefined || !(error instanceof HandlerFailure)) return failed(state, parts[0]!, error)
+            if (state.stopping) return abandon(state)
             const all = parts.length === 1 ? parts[0]! : Chunk.flatten(Chunk.unsafeFromArray(parts))
             if (rerun.poison(tp, all, error)) return unit(parts, finished, indexes)
             const byOffset = new Map<bigint, ConsumerRecord>()
@@ -491,7 +507,11 @@ const runSession = <E, R, EH, RH>(
           else finished.push(range)
         }
         return unit(parts, finished, indexes).pipe(
-          Effect.flatMap(() => {
+          Effect.as(true),
+          Effect.catchIf(isGivenUp, () => Effect.succeed(false)),
+          Effect.flatMap((kept) => {
+            // Records left to the next owner are not finished here.
+            if (!kept) return Effect.void
             for (const index of indexes) progress.finish(index)
             rerun?.passed(tp, progress.position())
             state.outstanding -= indexes.length
