@@ -62,6 +62,7 @@ const numeric = {
   partitions: "integer",
   consumers: "integer",
   "crash-rate": "float",
+  "poison-rate": "float",
   "max-crashes": "integer",
   seed: "integer",
   "handler-millis": "integer",
@@ -118,6 +119,16 @@ const crashRate = number("crash-rate").pipe(
   Options.withDescription(
     "Chance that a member dies at each point of a unit of work where a crash can fall (before and after the " +
       "handler, before and after the commit). A crashed member is started again at once. Default 0.02."
+  )
+)
+
+const poisonRate = number("poison-rate").pipe(
+  Options.withDefault(0),
+  Options.mapEffect(between("poison-rate", 0, 0.5, String)),
+  Options.withDescription(
+    "Share of poison records: half are not UTF-8 and do not decode, half are refused by the handler. With any, the " +
+      "consumer dead-letters them to the topic's -dlq topic, and the report says where each record went. In-memory " +
+      "broker only. Default 0."
   )
 )
 
@@ -225,6 +236,7 @@ const options = {
   partitions,
   consumers,
   crashRate,
+  poisonRate,
   maxCrashes,
   seed,
   handlerMillis,
@@ -298,6 +310,9 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
       })
     }
     const real = Option.isSome(args.brokers)
+    if (real && args.poisonRate > 0) {
+      return yield* new UsageError({ message: "--poison-rate runs on the in-memory broker only" })
+    }
     const storeName = real ? "Postgres store" : describeStore(store)
     const maxCrashes = Option.getOrElse(args.maxCrashes, () => real ? 3 : 60)
     if (!args.json) {
@@ -306,7 +321,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
           `(two join, one leaves), ${
             args.ordering === "partition" ? "" : `ordering by ${args.ordering}, concurrency ${args.concurrency}, `
           }${real ? `${maxCrashes} members killed` : `crash rate ${args.crashRate}, at most ` +
-            `${maxCrashes} crashes`}, seed ${args.seed}`
+            `${maxCrashes} crashes`}, ${args.poisonRate > 0 ? `poison rate ${args.poisonRate}, ` : ""}seed ${args.seed}`
       )
       yield* Console.log(
         `${real ? `Kafka at ${Option.getOrElse(args.brokers, () => "")}` : "in-memory broker"}; ` +
@@ -339,6 +354,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
             maxPollRecords: 50,
             commitEvery: 100,
             ...(args.handlerMillis > 0 ? { handlerMillis: args.handlerMillis } : {}),
+            ...(args.poisonRate > 0 ? { poisonRate: args.poisonRate } : {}),
             ...orderingOf(args),
             runId,
             onProgress: (p) => {
@@ -351,8 +367,11 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
       // A real run has its own deadline; a stuck in-memory run would otherwise wait forever.
       const outcome = yield* (real ? run : watched(policy, run, () => progressAt))
       line.finish(
-        `${count(outcome.delivered)} delivered, ${count(outcome.lost)} lost, ${count(outcome.duplicated)} ` +
-          `duplicated in ${(outcome.elapsedMillis / 1000).toFixed(1)} s`
+        `${count(outcome.delivered)} delivered, ${
+          outcome.poison > 0 ? `${count(outcome.deadLettered)} dead-lettered, ` : ""
+        }${count(outcome.lost)} lost, ${count(outcome.duplicated)} duplicated in ${
+          (outcome.elapsedMillis / 1000).toFixed(1)
+        } s`
       )
       outcomes.push(outcome)
     }
@@ -366,6 +385,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
             partitions: args.partitions,
             consumers: args.consumers,
             crashRate: args.crashRate,
+            poisonRate: args.poisonRate,
             maxCrashes,
             seed: args.seed,
             handlerMillis: args.handlerMillis,

@@ -22,7 +22,7 @@ import { Driver } from "../src/Driver.js"
 import * as FailureRoute from "../src/FailureRoute.js"
 import { Crashed, type CrashPoint, crashPoints } from "../src/Faults.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { type DecodeFailed, TransactionFailed } from "../src/KafkaError.js"
+import { type DecodeFailed, RecordFailed, TransactionFailed } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as Producer from "../src/Producer.js"
 import type { Transaction } from "../src/OffsetStore.js"
@@ -170,14 +170,22 @@ const withPoison = <E, R>(
   workload: Workload,
   handle: (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>,
   refuseAfter: boolean
-): Consumer.Handler<E | Refused | DecodeFailed, R> => {
+): Consumer.Handler<E | RecordFailed<Refused> | DecodeFailed, R> => {
   if ((workload.poisonRate ?? 0) === 0) return handle
   return Consumer.decodedChunk({ value: Codec.string }, (decoded, partition) => {
     const records = Chunk.map(decoded, (d) => d.record)
-    const refused = Chunk.findFirst(decoded, (d) => d.value.startsWith(refusedPrefix))
-    if (refused._tag === "None") return handle(records, partition)
-    const fail = Effect.fail(new Refused({ record: recordKey(refused.value) }))
-    return refuseAfter ? Effect.zipRight(handle(records, partition), fail) : fail
+    const at = Chunk.findFirstIndex(decoded, (d) => d.value.startsWith(refusedPrefix))
+    if (at._tag === "None") return handle(records, partition)
+    const refused = Chunk.unsafeGet(records, at.value)
+    // The handler says which record it failed on; those before it are handled.
+    const fail = Effect.fail(
+      new RecordFailed<Refused>({ offset: refused.offset, cause: new Refused({ record: recordKey(refused) }) })
+    )
+    return refuseAfter
+      ? Effect.zipRight(handle(records, partition), fail)
+      : at.value === 0
+      ? fail
+      : Effect.zipRight(handle(Chunk.take(records, at.value), partition), fail)
   })
 }
 

@@ -24,9 +24,9 @@ const columns = [
 const row = (cells: ReadonlyArray<string>): string =>
   cells.map((cell, i) => i === 0 ? cell.padEnd(columns[i]![1]) : cell.padStart(columns[i]![1])).join("")
 
-/** The outcomes as a table, one row per policy. */
-export const table = (outcomes: ReadonlyArray<Outcome>): string =>
-  [
+/** The outcomes as a table, one row per policy; with poison records, where they went as well. */
+export const table = (outcomes: ReadonlyArray<Outcome>): string => {
+  const main = [
     row(columns.map(([name]) => name)),
     ...outcomes.map((o) =>
       row([
@@ -39,7 +39,26 @@ export const table = (outcomes: ReadonlyArray<Outcome>): string =>
         count(recordsPerSecond(o))
       ])
     )
+  ]
+  if (!outcomes.some((o) => o.poison > 0)) return main.join("\n")
+  const poisonRow = (cells: ReadonlyArray<string>) =>
+    cells.map((cell, i) => i === 0 ? cell.padEnd(20) : cell.padStart(i === 3 ? 22 : 16)).join("")
+  return [
+    ...main,
+    "",
+    poisonRow(["policy", "poison", "dead-lettered", "dead-lettered twice", "handled too", "misrouted"]),
+    ...outcomes.map((o) =>
+      poisonRow([
+        o.policy,
+        count(o.poison),
+        count(o.deadLettered),
+        count(o.deadLetterRepeats),
+        count(o.handledAndDeadLettered),
+        count(o.misrouted)
+      ])
+    )
   ].join("\n")
+}
 
 /** Two lines per policy, in plain words, on why it lost or repeated what it did. */
 export const explain = (outcome: Outcome, store: string): readonly [string, string] => {

@@ -33,6 +33,7 @@ import {
   type OffsetOutOfRange,
   type PartitionsLost,
   type ProduceFailed,
+  RecordFailed,
   type TransactionFailed,
   type WorkerStuck
 } from "./KafkaError.js"
@@ -367,8 +368,11 @@ export const run = <C extends Config, E, R, EH = never, RH = never>(
     const call = (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) =>
       Effect.mapError(
         handler(records, partition),
-        // A record that did not decode names itself: the route takes that one record, not the chunk.
-        (error) => new runloop.HandlerFailure(error, error instanceof DecodeFailed ? error.offset : undefined, false)
+        // A record that did not decode names itself, as does a `RecordFailed`: the route takes that one record.
+        (error) =>
+          error instanceof RecordFailed
+            ? new runloop.HandlerFailure(error, error.offset, true)
+            : new runloop.HandlerFailure(error, error instanceof DecodeFailed ? error.offset : undefined, false)
       )
     return typed<C, E, EH, R | Exclude<RH, Scope.Scope>>(runloop.run(resolved, call, hooks))
   })

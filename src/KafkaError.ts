@@ -214,6 +214,27 @@ export class DecodeFailed extends Schema.TaggedError<DecodeFailed>()("DecodeFail
 }
 
 /**
+ * What a chunk handler (`Consumer.run`) fails with to say which record it failed on: the records of the chunk before
+ * `offset` were handled, the one at `offset` failed with `cause`. Without it, a failure route knows only that the
+ * chunk failed, and takes the chunk apart, a record per attempt (or, under `atMostOnce`, which hands no record twice,
+ * routes every record of the chunk).
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class RecordFailed<out E = unknown> extends Data.TaggedError("RecordFailed")<{
+  readonly offset: bigint
+  readonly cause: unknown
+}> {
+  declare readonly cause: E
+
+  override get message(): string {
+    const cause: unknown = this.cause
+    return `Failed on the record at offset ${this.offset}: ${cause instanceof Error ? cause.message : String(cause)}`
+  }
+}
+
+/**
  * A value could not be encoded by the producer's schemas for `topic`; `field` names what (`"key"`, `"value"` or
  * `"headers"`), `reason` is the Schema's `ParseError`, formatted. Nothing was sent.
  *

@@ -2,6 +2,7 @@
  * Poison records on the in-memory broker: typed decoding, the dead-letter route under every policy, the circuit.
  */
 import { assert, describe, expectTypeOf, it } from "@effect/vitest"
+import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
@@ -15,7 +16,15 @@ import { valueString } from "../src/ConsumerRecord.js"
 import type { Driver } from "../src/Driver.js"
 import * as FailureRoute from "../src/FailureRoute.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { CircuitOpen, ConfigError, DecodeFailed, EncodeFailed, HandlerFailed, ProduceFailed } from "../src/KafkaError.js"
+import {
+  CircuitOpen,
+  ConfigError,
+  DecodeFailed,
+  EncodeFailed,
+  HandlerFailed,
+  ProduceFailed,
+  RecordFailed
+} from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as Producer from "../src/Producer.js"
 import { readTopic } from "./producerSuite.js"
@@ -273,6 +282,54 @@ describe("the dead-letter route", () => {
       assert.isTrue([...calls.values()].every((n) => n === 1), "a record was handed over twice")
       assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))
       assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-attempts")), poisonOffsets.map(() => "1"))
+    }).pipe(Effect.provide(env)))
+
+  it.live("a chunk handler names the record it failed on with RecordFailed: the others are handled once", () =>
+    Effect.gen(function*() {
+      yield* seed
+      const calls = new Map<number, number>()
+      const fiber = yield* Effect.fork(
+        Consumer.run(
+          { ...settings, maxPollRecords: 10, retry: Schedule.recurs(1) },
+          Consumer.decodedChunk({ value: Codec.json(Order) }, (records) =>
+            Effect.forEach(records, (record) =>
+              Effect.suspend(() => {
+                calls.set(record.value.id, (calls.get(record.value.id) ?? 0) + 1)
+                return record.value.item === "refused"
+                  ? Effect.fail(new RecordFailed<Refused>({ offset: record.offset, cause: new Refused({ id: 1 }) }))
+                  : Effect.void
+              }), { discard: true }))
+        ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })))
+      )
+      yield* untilCommitted(produced)
+      yield* Fiber.interrupt(fiber)
+      const letters = yield* deadLetters
+      assert.deepStrictEqual(letters.map((r) => textOf(r, "dead-letter-offset")), poisonOffsets.map(String))
+      // Refused records: tried 2 times (an attempt and a retry); every other decodable record once.
+      for (const [id, n] of calls) assert.strictEqual(n, poisonous(id) ? 2 : 1, `record ${id} handled ${n} times`)
+      assert.strictEqual(textOf(letters[1]!, "dead-letter-error-tag"), "RecordFailed")
+    }).pipe(Effect.provide(env)))
+
+  it.live("atMostOnce with a chunk handler that does not say where it failed: the chunk is dead-lettered, counted once by the circuit", () =>
+    Effect.gen(function*() {
+      yield* InMemoryKafka.createTopic(source, 1)
+      yield* InMemoryKafka.createTopic(dlq, 1)
+      yield* InMemoryKafka.produce(source, Array.from({ length: 40 }, (_, i) => ({ value: i % 10 === 5 ? "bad" : "ok" })))
+      const handled: Array<bigint> = []
+      const fiber = yield* Effect.fork(
+        Consumer.run(
+          { ...settings, maxPollRecords: 10, onFailure: FailureRoute.deadLetter({ topic: dlq, maxInARow: 5 }) },
+          (records) =>
+            Chunk.some(records, (r) => valueString(r) === "bad")
+              ? Effect.fail(new Refused({ id: 0 }))
+              : Effect.sync(() => handled.push(...Chunk.map(records, (r) => r.offset)))
+        ).pipe(Effect.provide(CommitPolicy.atMostOnce))
+      )
+      const letters = (yield* readTopic(dlq, 1, { atLeast: 40 }))[0]!
+      yield* Fiber.interrupt(fiber)
+      // Four chunks of ten, each with a bad record: every record dead-lettered, none handled, no circuit opened.
+      assert.strictEqual(letters.length, 40)
+      assert.deepStrictEqual(handled, [])
     }).pipe(Effect.provide(env)))
 
   it.live("transactional: a failed record's writes are rolled back; the rest of its unit lands once", () =>

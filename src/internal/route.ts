@@ -124,7 +124,9 @@ export const makeRouter = <E, R>(
   const park = (
     tp: TopicPartition.TopicPartition,
     record: ConsumerRecord,
-    error: unknown
+    error: unknown,
+    /** Whether it is one more failure for the circuit: the records of one failed chunk count once. */
+    counts = true
   ): Effect.Effect<void, RouteFailure> =>
     Effect.suspend(() => {
       const k = TopicPartition.key(tp)
@@ -132,7 +134,7 @@ export const makeRouter = <E, R>(
       const id = `${k}@${record.offset}`
       const tries = Math.max(attempts.get(id) ?? 1, 1)
       // A record routed again (its unit ran again after a rollback) is not one more in the row.
-      const fresh = record.offset > state.last
+      const fresh = counts && record.offset > state.last
       if (fresh && state.inARow + 1 >= settings.maxInARow) {
         return Effect.fail(
           new RouteFailure(
@@ -156,10 +158,8 @@ export const makeRouter = <E, R>(
         Effect.mapError((error) => new RouteFailure(error)),
         Effect.flatMap((written) =>
           Effect.suspend(() => {
-            if (fresh) {
-              state.inARow++
-              state.last = record.offset
-            }
+            if (fresh) state.inARow++
+            if (record.offset > state.last) state.last = record.offset
             attempts.delete(id)
             if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
             return Effect.logWarning(
@@ -208,9 +208,9 @@ export const makeRouter = <E, R>(
       // routed. Else each is handled alone, and the ones that still fail are routed.
       return Effect.forEach(
         records,
-        (record) =>
+        (record, i) =>
           mode === "once"
-            ? park(tp, record, failure.error)
+            ? park(tp, record, failure.error, i === 0)
             : Effect.matchEffect(counted(tp, Chunk.of(record), work(Chunk.of(record), tp)), {
               onSuccess: () => handled(tp),
               onFailure: (again) => Effect.flatMap(errorOf(again), (again) => single(record, tp, again))
