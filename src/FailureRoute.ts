@@ -30,8 +30,14 @@
  *
  * @since 0.1.0
  */
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
-import type { ProducerRecord } from "./Producer.js"
+import { Driver } from "./Driver.js"
+import type { CommitFailed, DriverError, ProduceFailed } from "./KafkaError.js"
+import * as OffsetBatch from "./OffsetBatch.js"
+import { Producer, type ProducerRecord } from "./Producer.js"
+import * as TopicPartition from "./TopicPartition.js"
 
 /**
  * @since 0.1.0
@@ -196,3 +202,93 @@ export const deadLettered = (record: ConsumerRecord): DeadLettered | undefined =
     headers: own
   }
 }
+
+/**
+ * What a replay did: records written back to their source topics, and records of the dead-letter topic that carried
+ * no dead-letter headers (written there by something else), which were left where they are.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Replayed {
+  readonly replayed: number
+  readonly foreign: number
+}
+
+/**
+ * Writes the records of a dead-letter topic back to their source topics (the partition they came from, their own key,
+ * value and headers), for after the cause was fixed. Reads the topic from the position the group `groupId` committed
+ * (from the start the first time) up to its end as the replay began, commits as it goes, and stops there: run again,
+ * it replays only what was dead-lettered since. `filter` picks the records to replay; the others are passed over.
+ * A crash repeats at most the records written since the last commit (at-least-once).
+ *
+ * @since 0.1.0
+ * @category dead letters
+ */
+export const replay = (options: {
+  readonly topic: string
+  readonly groupId: string
+  readonly filter?: ((letter: DeadLettered) => boolean) | undefined
+}): Effect.Effect<Replayed, DriverError | CommitFailed | ProduceFailed, Driver | Producer> =>
+  Effect.scoped(Effect.gen(function*() {
+    const driver = yield* Driver
+    const producer = yield* Producer
+    const session = yield* driver.connect({
+      groupId: options.groupId,
+      clientId: `${options.groupId}-replay`,
+      subscription: { _tag: "Topics", topics: [options.topic] },
+      maxPollRecords: 500,
+      pollTimeout: Duration.millis(100),
+      sessionTimeout: Duration.seconds(10),
+      rebalanceTimeout: Duration.seconds(30),
+      isolationLevel: "read_committed"
+    })
+    const ends = new Map<string, bigint>()
+    const positions = new Map<string, bigint>()
+    let assigned = false
+    let replayed = 0
+    let foreign = 0
+    const caughtUp = () => assigned && [...ends].every(([k, end]) => (positions.get(k) ?? 0n) >= end)
+    while (!caughtUp()) {
+      for (const event of yield* session.poll) {
+        if (event._tag === "Assigned") {
+          assigned = true
+          const committed = yield* session.committed(event.partitions)
+          const offsets = yield* session.offsets(event.partitions)
+          for (const tp of event.partitions) {
+            const k = TopicPartition.key(tp)
+            const range = offsets.get(k)
+            const start = committed.get(k) ?? range?.earliest ?? 0n
+            ends.set(k, range?.latest ?? 0n)
+            positions.set(k, start)
+            yield* session.seek(tp, start)
+          }
+        } else if (event._tag === "Records") {
+          const writes: Array<ProducerRecord> = []
+          for (const record of event.records) {
+            const letter = deadLettered(record)
+            if (letter === undefined) {
+              foreign++
+              continue
+            }
+            if (options.filter !== undefined && !options.filter(letter)) continue
+            writes.push({
+              topic: letter.topic,
+              partition: letter.partition,
+              key: record.key,
+              value: record.value,
+              headers: letter.headers
+            })
+          }
+          if (writes.length > 0) yield* producer.sendAll(writes)
+          replayed += writes.length
+          yield* session.commit(OffsetBatch.of(event.partition, event.next))
+          positions.set(TopicPartition.key(event.partition), event.next)
+        }
+      }
+    }
+    if (foreign > 0) {
+      yield* Effect.logWarning(`${foreign} record(s) of ${options.topic} had no dead-letter headers and were not replayed`)
+    }
+    return { replayed, foreign }
+  }))

@@ -6,6 +6,9 @@ import * as Schema from "effect/Schema"
 
 const Partition = Schema.Struct({ topic: Schema.String, partition: Schema.Number })
 
+/** The message of a typed cause carried by an error. */
+const causeText = (cause: unknown): string => cause instanceof Error ? cause.message : String(cause)
+
 const describe = (partitions: ReadonlyArray<{ readonly topic: string; readonly partition: number }>) =>
   partitions.map((tp) => `${tp.topic}-${tp.partition}`).join(", ")
 
@@ -130,9 +133,8 @@ export class HandlerFailed<out E = unknown> extends Data.TaggedError("HandlerFai
   declare readonly cause: E
 
   override get message(): string {
-    const cause: unknown = this.cause
     return `Handler failed on ${this.topic}-${this.partition} at offset ${this.offset} after its retries: ${
-      cause instanceof Error ? cause.message : String(cause)
+      causeText(this.cause)
     }`
   }
 }
@@ -229,8 +231,7 @@ export class RecordFailed<out E = unknown> extends Data.TaggedError("RecordFaile
   declare readonly cause: E
 
   override get message(): string {
-    const cause: unknown = this.cause
-    return `Failed on the record at offset ${this.offset}: ${cause instanceof Error ? cause.message : String(cause)}`
+    return `Failed on the record at offset ${this.offset}: ${causeText(this.cause)}`
   }
 }
 
@@ -270,9 +271,8 @@ export class CircuitOpen<out E = unknown> extends Data.TaggedError("CircuitOpen"
   declare readonly cause: E
 
   override get message(): string {
-    const cause: unknown = this.cause
     return `${this.count} records of ${this.topic}-${this.partition} in a row failed, the last at offset ${this.offset} ` +
-      `(${cause instanceof Error ? cause.message : String(cause)}): stopping rather than routing them all; the ` +
+      `(${causeText(this.cause)}): stopping rather than routing them all; the ` +
       "position stays before that record"
   }
 }

@@ -226,6 +226,37 @@ describe("the dead-letter route", () => {
       }
     }).pipe(Effect.provide(env)))
 
+  it.live("replay writes dead letters back to their source partitions, once, and a second replay finds nothing new", () =>
+    Effect.gen(function*() {
+      yield* seed
+      const fiber = yield* Effect.fork(
+        Consumer.runEach(settings, Consumer.decoded({ value: Codec.json(Order) }, (record) =>
+          record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void)).pipe(
+            Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" }))
+          )
+      )
+      yield* untilCommitted(produced)
+      yield* Fiber.interrupt(fiber)
+      yield* InMemoryKafka.produce(dlq, [{ value: "written by hand", partition: 0 }])
+
+      const first = yield* FailureRoute.replay({ topic: dlq, groupId: "replayer" })
+      assert.deepStrictEqual(first, { replayed: poisonOffsets.length, foreign: 1 })
+      const source0 = (yield* readTopic(source, 1))[0]!
+      const back = source0.slice(produced)
+      assert.deepStrictEqual(back.map(valueString), poisonOffsets.map((i) => source0[i]!.value).map((v) => new TextDecoder().decode(v!)))
+      assert.deepStrictEqual(back.map((r) => Object.keys(r.headers)), poisonOffsets.map(() => ["trace-id"]))
+      assert.deepStrictEqual(back.map((r) => textOf(r, "trace-id")), poisonOffsets.map((i) => `t-${i}`))
+
+      const second = yield* FailureRoute.replay({ topic: dlq, groupId: "replayer" })
+      assert.deepStrictEqual(second, { replayed: 0, foreign: 0 })
+      const onlyRefused = yield* FailureRoute.replay({
+        topic: dlq,
+        groupId: "replayer-2",
+        filter: (letter) => letter.errorTag === "Refused"
+      })
+      assert.strictEqual(onlyRefused.replayed, 2)
+    }).pipe(Effect.provide(env)))
+
   it.live("the circuit: maxInARow failures in a row stop the consumer with CircuitOpen, before the last is routed", () =>
     Effect.gen(function*() {
       yield* InMemoryKafka.createTopic(source, 1)

@@ -152,5 +152,15 @@ export const examples: ReadonlyArray<{
         ? undefined
         : "400 events of 40 accounts, each account's in order, more than one and at most 50 calls in flight"
     }
+  },
+  {
+    file: "examples/14-dead-letter.ts",
+    check: (out) =>
+      /17 orders handled, 3 dead-lettered/.test(out) &&
+        /dead letter: orders-0@13, OutOfCatalog after 3 attempt\(s\): unicorn is not in the catalog/.test(out) &&
+        /dead letter: orders-0@4, DecodeFailed after 1 attempt\(s\)/.test(out) &&
+        /dead letter: orders-0@9, DecodeFailed after 1 attempt\(s\): Expected an integer, actual 1.5/.test(out)
+        ? undefined
+        : "17 orders handled and the three poison orders dead-lettered with their errors and attempts"
   }
 ]
