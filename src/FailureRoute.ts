@@ -15,10 +15,11 @@
  *   position was committed, so a crash can lose it, as the policy says of every record.
  * - `kafkaTransactional`: the unit is aborted and handled again without the record, which is dead-lettered in the
  *   unit's transaction: the dead-letter write, the other records' writes and the position commit together or not at
- *   all. The dead-letter topic holds it once (for `read_committed` readers).
+ *   all. No record is both handled and dead-lettered. The dead-letter topic holds it at least once: in memory once,
+ *   but on a real broker with members killed a few were seen twice, for reasons not yet known.
  * - `transactional`: the unit is rolled back (the record's failed attempts leave no writes) and handled again without
- *   the record; the dead-letter write is acknowledged before the unit commits. A crash or a fence between the two
- *   writes it again: the dead-letter topic can hold it twice, never not at all; the store holds the rest once.
+ *   the record; the dead-letter write is acknowledged before the unit commits. A crash, a fence or a revoke between
+ *   the two writes it again: the dead-letter topic can hold it twice, never not at all; the store holds the rest once.
  *
  * Decoding failures (`DecodeFailed`) are routed at once, without retries. A circuit stops the consumer with
  * `CircuitOpen` when `maxInARow` records of one partition in a row fail: a dependency that is down should stop the

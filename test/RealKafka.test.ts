@@ -99,6 +99,42 @@ if (brokers) {
         }
       }), { timeout: 20 * 60_000 })
 
+    it.live("SIGKILL with dead letters: 10,000 records, 5% poison, 20 kills; commitAfter, transactional and kafkaTransactional route every poison record and lose nothing", () =>
+      Effect.gen(function*() {
+        const base = {
+          records: 10_000,
+          partitions: 6,
+          consumers: 3,
+          kills: 20,
+          poisonRate: 0.05,
+          brokers,
+          databaseUrl,
+          deadlineMillis: 12 * 60_000
+        } as const
+        const outcomes = yield* Effect.all([
+          runRealWorkload({ ...base, policy: "commitAfter", seed: 5001 }),
+          runRealWorkload({ ...base, policy: "transactional", seed: 5002 }),
+          runRealWorkload({ ...base, policy: "kafkaTransactional", seed: 5003 })
+        ], { concurrency: "unbounded" })
+        for (const o of outcomes) {
+          const text = `${figures("SIGKILL with dead letters", o)}, poison ${o.poison}, dead-lettered ` +
+            `${o.deadLettered} (written twice ${o.deadLetterRepeats}), both ${o.handledAndDeadLettered}, ` +
+            `misrouted ${o.misrouted}`
+          console.log(text)
+          assert.isAtLeast(o.crashes, 20, text)
+          assert.strictEqual(o.unexpectedExits, 0, text)
+          assert.isAbove(o.poison, 300, text)
+          assert.strictEqual(o.lost, 0, text)
+          assert.strictEqual(o.deadLettered, o.poison, text)
+          assert.strictEqual(o.misrouted, 0, text)
+          if (o.policy !== "commitAfter") {
+            assert.strictEqual(o.duplicated, 0, text)
+            assert.strictEqual(o.handledAndDeadLettered, 0, text)
+            assert.strictEqual(o.delivered, o.produced - o.poison, text)
+          }
+        }
+      }), { timeout: 15 * 60_000 })
+
     it.live("rebalance under load: two members join and one leaves while records flow", () =>
       Effect.gen(function*() {
         const outcomes = yield* runAll("rebalance", (policy, seed) => ({

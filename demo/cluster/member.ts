@@ -23,9 +23,14 @@ import postgres from "postgres"
 import * as CommitPolicy from "../../src/CommitPolicy.js"
 import * as Consumer from "../../src/Consumer.js"
 import type { ConsumerRecord } from "../../src/ConsumerRecord.js"
+import type { Driver } from "../../src/Driver.js"
 import * as KafkaJs from "../../src/KafkaJs.js"
 import * as PgOffsetStore from "../../src/PgOffsetStore.js"
 import * as Producer from "../../src/Producer.js"
+import * as Codec from "../../src/Codec.js"
+import * as FailureRoute from "../../src/FailureRoute.js"
+import { type DecodeFailed, type ProduceFailed, RecordFailed } from "../../src/KafkaError.js"
+import * as Schema from "effect/Schema"
 import * as TopicPartition from "../../src/TopicPartition.js"
 import { type MemberOptions, outputTopicOf, parse } from "./options.js"
 import { recordHandled } from "./results.js"
@@ -79,6 +84,32 @@ const pace = <A, E, R>(write: Effect.Effect<A, E, R>) =>
     return Effect.sleep(half).pipe(Effect.zipRight(write), Effect.zipRight(Effect.sleep(millis - half)))
   })
 
+class Refused extends Data.TaggedError("Refused")<{ readonly offset: bigint }> {
+  override get message() {
+    return `the record at offset ${this.offset} is refused`
+  }
+}
+
+/** A record's value: a number, or an order to refuse it. */
+const Value = Codec.json(Schema.Union(Schema.Number, Schema.Struct({ refuse: Schema.Number })))
+
+/**
+ * With a dead-letter topic: the chunk decoded first (a record that does not decode fails the chunk with its
+ * `DecodeFailed`), and a refused record fails it with `RecordFailed` once the records before it are handled.
+ */
+const withPoison = <E, R>(
+  options: MemberOptions,
+  handle: (records: Chunk.Chunk<ConsumerRecord>, tp: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>
+): Consumer.Handler<E | DecodeFailed | RecordFailed<Refused>, R> =>
+  options.deadLetterTopic === undefined ? handle : Consumer.decodedChunk({ value: Value }, (decoded, tp) => {
+    const records = Chunk.map(decoded, (d) => d.record)
+    const at = Chunk.findFirstIndex(decoded, (d) => typeof d.value !== "number")
+    if (at._tag === "None") return handle(records, tp)
+    const offset = Chunk.unsafeGet(records, at.value).offset
+    const fail = Effect.fail(new RecordFailed<Refused>({ offset, cause: new Refused({ offset }) }))
+    return at.value === 0 ? fail : Effect.zipRight(handle(Chunk.take(records, at.value), tp), fail)
+  })
+
 const member = (options: MemberOptions) =>
   Effect.gen(function*() {
     let ready = false
@@ -93,6 +124,28 @@ const member = (options: MemberOptions) =>
       ordering: options.ordering,
       concurrency: options.concurrency
     }
+    // With a dead-letter topic, records that keep failing go there, through the `Producer` the member runs with.
+    const routed = <E, R>(
+      handler: Consumer.Handler<E, R>
+    ): Effect.Effect<never, unknown, Driver | CommitPolicy.CommitPolicy | Producer.Producer | R> =>
+      options.deadLetterTopic === undefined
+        ? Consumer.run(config, handler, hooks)
+        : Consumer.run(
+          { ...config, onFailure: FailureRoute.deadLetter({ topic: options.deadLetterTopic, maxInARow: 1_000 }) },
+          withPoison(options, handler),
+          hooks
+        )
+    // Outside Kafka transactions the dead-letter writes are acknowledged by every in-sync replica, and idempotent.
+    const consume = <E, R>(
+      handler: Consumer.Handler<E, R>
+    ): Effect.Effect<never, unknown, Driver | CommitPolicy.CommitPolicy | R> =>
+      options.deadLetterTopic === undefined
+        ? Consumer.run(config, handler, hooks)
+        : routed(handler).pipe(Effect.provide(KafkaJs.layerProducer({
+          brokers: options.brokers.split(","),
+          clientId: `${options.clientId}-dead-letters`,
+          logLevel: "error"
+        })))
     const hooks: Consumer.Hooks = {
       onAssign: (tp) =>
         Effect.gen(function*() {
@@ -121,32 +174,33 @@ const member = (options: MemberOptions) =>
           linger: "2 millis"
         }))
       )
-      return yield* Consumer.run(config, (records) =>
+      // The dead-letter writes go through the unit's transactional producer.
+      const handler: Consumer.Handler<ProduceFailed, Producer.Producer> = (records) =>
         pace(Producer.sendAll(Chunk.map(records, (r) => ({
           topic: output,
           partition: r.partition,
           key: `${r.partition}@${r.offset}`,
           value: `${r.partition}@${r.offset}`
-        })))), hooks).pipe(Effect.provide(policy))
+        }))))
+      return yield* routed(handler).pipe(Effect.provide(policy))
     }
     if (options.policy === "transactional") {
       // The results go through the offset store's transaction: they commit with the position, or not at all.
-      return yield* Consumer.run(config, (records, tp) =>
+      return yield* consume((records, tp) =>
         pace(
           Effect.flatMap(
             Effect.mapError(PgOffsetStore.sql, (cause) => new ResultsWriteFailed({ cause })),
             (tx) => write(tx, records, tp)
           )
-        ), hooks).pipe(Effect.provide(transactionalLayer(options)))
+        )
+      ).pipe(Effect.provide(transactionalLayer(options)))
     }
     const policy = kafkaPolicyLayer(options.policy)
     const pool = yield* Effect.acquireRelease(
       Effect.sync(() => postgres(options.databaseUrl, { max: 4, onnotice: () => {} })),
       (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.timeoutOption("10 seconds"), Effect.ignore)
     )
-    return yield* Consumer.run(config, (records, tp) => pace(write(pool, records, tp)), hooks).pipe(
-      Effect.provide(policy)
-    )
+    return yield* consume((records, tp) => pace(write(pool, records, tp))).pipe(Effect.provide(policy))
   }).pipe(
     Effect.scoped,
     Effect.provide(

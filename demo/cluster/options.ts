@@ -43,6 +43,11 @@ export interface MemberOptions {
   /** Handler calls in flight under `key` and `unordered` ordering. */
   readonly concurrency: number
   /**
+   * With it, the member decodes values as JSON numbers, refuses `{"refuse": n}`, and dead-letters both kinds of poison
+   * to this topic (`FailureRoute.deadLetter`).
+   */
+  readonly deadLetterTopic: string | undefined
+  /**
    * Standard input is the supervisor's pipe: a line `pace <millis>` changes the handler's time, and the end of input
    * means the supervisor is gone, so the member leaves.
    */
@@ -57,7 +62,8 @@ const usage = "usage: member.ts --brokers host:port --topic T --group G " +
   "--policy atMostOnce|autoCommit|commitAfter|transactional|kafkaTransactional --database-url URL " +
   "--results-table NAME " +
   "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
-  "[--session-timeout-millis MS] [--ordering partition|key|unordered] [--concurrency N] [--supervised] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
+  "[--session-timeout-millis MS] [--ordering partition|key|unordered] [--concurrency N] [--dead-letter-topic T] " +
+  "[--supervised] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
 
 /** Reads the member's settings from its arguments, with `KAFKA_BROKERS` and `DATABASE_URL` as fallbacks. */
 export const parse = (
@@ -84,6 +90,7 @@ export const parse = (
             "session-timeout-millis": { type: "string" },
             ordering: { type: "string" },
             concurrency: { type: "string" },
+            "dead-letter-topic": { type: "string" },
             supervised: { type: "boolean" }
           }
         }).values,
@@ -129,6 +136,7 @@ export const parse = (
       sessionTimeoutMillis: yield* integer("session-timeout-millis", parsed["session-timeout-millis"], 6000, 1),
       ordering: ordering as Ordering,
       concurrency: yield* integer("concurrency", parsed.concurrency, 64, 1),
+      deadLetterTopic: parsed["dead-letter-topic"],
       supervised: parsed.supervised ?? false
     }
   })
@@ -161,5 +169,6 @@ export const toArgs = (options: MemberOptions): Array<string> => [
   options.ordering,
   "--concurrency",
   String(options.concurrency),
+  ...(options.deadLetterTopic === undefined ? [] : ["--dead-letter-topic", options.deadLetterTopic]),
   ...(options.supervised ? ["--supervised"] : [])
 ]

@@ -66,3 +66,21 @@ export const tallyByPartition = async (
 }
 
 export const dropTable = (sql: postgres.Sql, table: string) => sql.unsafe(`drop table if exists ${quote(table)}`)
+
+/** How many of these records (`<partition>@<offset>`) the handlers finished at least once. */
+export const handledAmong = async (
+  sql: postgres.Sql,
+  table: string,
+  topic: string,
+  keys: ReadonlyArray<string>
+): Promise<number> => {
+  if (keys.length === 0) return 0
+  const rows = await sql.unsafe(
+    `select count(*)::int as n from ${quote(table)} t
+     join unnest($2::int[], $3::bigint[]) as k(partition, "offset")
+       on t.partition = k.partition and t."offset" = k."offset"
+     where t.topic = $1`,
+    [topic, keys.map((k) => k.slice(0, k.indexOf("@"))), keys.map((k) => k.slice(k.indexOf("@") + 1))]
+  )
+  return Number(rows[0]?.n ?? 0)
+}

@@ -23,7 +23,8 @@ import * as PgOffsetStore from "../../src/PgOffsetStore.js"
 import { type Outcome, random } from "../lab.js"
 import { readCommitted } from "../lab.js"
 import { type MemberOptions, type Ordering, outputTopicOf, type PolicyName, toArgs } from "./options.js"
-import { createResultsTable, dropTable, handledCount, tallyByPartition } from "./results.js"
+import { createResultsTable, dropTable, handledAmong, handledCount, tallyByPartition } from "./results.js"
+import * as FailureRoute from "../../src/FailureRoute.js"
 
 export interface RealWorkload {
   readonly policy: PolicyName
@@ -60,6 +61,11 @@ export interface RealWorkload {
   readonly concurrency?: number
   /** Records get keys `k0` to `k<keys - 1>` in turn (each on the partition its key hashes to); without it, none. */
   readonly keys?: number
+  /**
+   * Share of poison records, chosen from the seed: half are not JSON (they do not decode), half are `{"refuse": n}`
+   * (the handler refuses them). With any, members dead-letter them to the topic's `-dlq` topic.
+   */
+  readonly poisonRate?: number
 }
 
 export interface RealOutcome extends Outcome {
@@ -216,6 +222,54 @@ const outputTally = (brokers: string, topic: string, partitions: number) =>
     return Array.from(out.values())
   }).pipe(Effect.mapError((e) => new ClusterRunError({ message: `reading the output failed: ${String(e)}` })))
 
+/** The topic a run with poison records dead-letters them to. */
+const deadLetterTopic = (topic: string) => `${topic}-dlq`
+
+const decoder = new TextDecoder()
+
+/**
+ * The dead-letter topic read `read_committed`: the records it holds (`<partition>@<offset>` of the source, once
+ * each), how many per source partition, the copies beyond the first, and the records there that were not poison.
+ */
+const deadLetterAudit = (brokers: string, topic: string, partitions: number) =>
+  Effect.gen(function*() {
+    const records = yield* readCommitted(deadLetterTopic(topic), partitions).pipe(
+      Effect.provide(KafkaJs.layer({ brokers: brokers.split(","), clientId: "cluster-lab-audit", logLevel: "error" }))
+    )
+    const seen = new Set<string>()
+    const byPartition = new Map<number, number>()
+    let repeats = 0
+    let misrouted = 0
+    for (const record of records) {
+      const letter = FailureRoute.deadLettered(record)
+      if (letter === undefined || letter.topic !== topic) {
+        misrouted++
+        continue
+      }
+      const value = record.value === null ? "" : decoder.decode(record.value)
+      if (/^\d+$/.test(value)) misrouted++
+      const k = `${letter.partition}@${letter.offset}`
+      if (seen.has(k)) {
+        repeats++
+        continue
+      }
+      seen.add(k)
+      byPartition.set(letter.partition, (byPartition.get(letter.partition) ?? 0) + 1)
+    }
+    return { keys: Array.from(seen), byPartition, repeats, misrouted }
+  }).pipe(Effect.mapError((e) => new ClusterRunError({ message: `reading the dead letters failed: ${String(e)}` })))
+
+/** How many of these records (`<partition>@<offset>`) a `kafkaTransactional` run wrote output for. */
+const outputHolds = (brokers: string, topic: string, partitions: number, keys: ReadonlyArray<string>) =>
+  readCommitted(outputTopicOf(topic), partitions).pipe(
+    Effect.provide(KafkaJs.layer({ brokers: brokers.split(","), clientId: "cluster-lab-audit", logLevel: "error" })),
+    Effect.map((records) => {
+      const written = new Set(records.map((r) => r.value === null ? "" : decoder.decode(r.value)))
+      return keys.filter((k) => written.has(k)).length
+    }),
+    Effect.mapError((e) => new ClusterRunError({ message: `reading the output failed: ${String(e)}` }))
+  )
+
 const tryPromise = <A>(what: string, f: () => Promise<A>) =>
   Effect.tryPromise({
     try: f,
@@ -236,6 +290,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     const topic = `cluster-${workload.policy}-${id}`
     const groupId = `${topic}-group`
     const resultsTable = `cluster_results_${id}`
+    const poisonRate = workload.poisonRate ?? 0
     const offsetsTable = `cluster_offsets_${id}`
     const maxPollRecords = workload.maxPollRecords ?? 20
     const chunksPerPartition = Math.max(1, Math.ceil(workload.records / workload.partitions / maxPollRecords))
@@ -272,7 +327,11 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
           yield* tryPromise("deleting the group", () => admin.deleteGroups([groupId])).pipe(Effect.ignore)
           yield* tryPromise("deleting the topics", () =>
             admin.deleteTopics({
-              topics: workload.policy === "kafkaTransactional" ? [topic, outputTopicOf(topic)] : [topic]
+              topics: [
+                topic,
+                ...(workload.policy === "kafkaTransactional" ? [outputTopicOf(topic)] : []),
+                ...(poisonRate > 0 ? [deadLetterTopic(topic)] : [])
+              ]
             })).pipe(Effect.ignore)
           yield* tryPromise("disconnecting", () => admin.disconnect()).pipe(Effect.ignore)
         }).pipe(Effect.timeoutOption("20 seconds"))
@@ -281,13 +340,22 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     if (workload.policy === "kafkaTransactional") {
       yield* KafkaJs.createTopic(workload.brokers, outputTopicOf(topic), workload.partitions)
     }
+    if (poisonRate > 0) yield* KafkaJs.createTopic(workload.brokers, deadLetterTopic(topic), workload.partitions)
+    // Poison records are chosen by a generator of their own, so that the same seed kills at the same moments.
+    const poisonRng = random(workload.seed ^ 0x5bd1e995)
+    let poison = 0
+    const valueOf = (i: number) => {
+      if (poisonRate === 0 || poisonRng() >= poisonRate) return String(i)
+      poison++
+      return i % 2 === 0 ? JSON.stringify({ refuse: i }) : `poison-${i}`
+    }
     yield* KafkaJs.produce(
       workload.brokers,
       topic,
       Array.from({ length: workload.records }, (_, i) =>
         workload.keys === undefined
-          ? { partition: i % workload.partitions, value: String(i) }
-          : { key: `k${i % workload.keys}`, value: String(i) })
+          ? { partition: i % workload.partitions, value: valueOf(i) }
+          : { key: `k${i % workload.keys}`, value: valueOf(i) })
     )
     const end = yield* KafkaJs.endOffsets(workload.brokers, topic)
 
@@ -325,6 +393,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       sessionTimeoutMillis,
       ordering: workload.ordering ?? "partition",
       concurrency: workload.concurrency ?? 64,
+      deadLetterTopic: poisonRate > 0 ? deadLetterTopic(topic) : undefined,
       supervised: true
     })
 
@@ -513,15 +582,21 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     const tally = workload.policy === "kafkaTransactional"
       ? yield* outputTally(workload.brokers, topic, workload.partitions)
       : yield* tryPromise("reading the results", () => tallyByPartition(sql, resultsTable, topic))
+    const letters = poisonRate > 0 ? yield* deadLetterAudit(workload.brokers, topic, workload.partitions) : undefined
     let lost = 0
     let duplicated = 0
     let delivered = 0
     for (const [partition, e] of end) {
       const t = tally.find((x) => x.partition === partition)
-      lost += Number(e) - (t?.handled ?? 0)
+      lost += Number(e) - (t?.handled ?? 0) - (letters?.byPartition.get(partition) ?? 0)
       duplicated += (t?.deliveries ?? 0) - (t?.handled ?? 0)
       delivered += t?.deliveries ?? 0
     }
+    // Records both handled and dead-lettered: counted once too few as lost above.
+    const both = letters === undefined ? 0 : workload.policy === "kafkaTransactional"
+      ? yield* outputHolds(workload.brokers, topic, workload.partitions, letters.keys)
+      : yield* tryPromise("reading the results", () => handledAmong(sql, resultsTable, topic, letters.keys))
+    lost += both
     workload.onProgress?.({ results: handled, kills })
     return {
       policy: workload.policy,
@@ -538,11 +613,10 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       elapsedMillis,
       unexpectedExits,
       handlerMillis,
-      // The cluster run has no poison records.
-      poison: 0,
-      deadLettered: 0,
-      deadLetterRepeats: 0,
-      handledAndDeadLettered: 0,
-      misrouted: 0
+      poison,
+      deadLettered: letters?.keys.length ?? 0,
+      deadLetterRepeats: letters?.repeats ?? 0,
+      handledAndDeadLettered: both,
+      misrouted: letters?.misrouted ?? 0
     } satisfies RealOutcome
   }))
