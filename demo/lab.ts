@@ -65,6 +65,8 @@ export interface Workload {
    * consumer dead-letters them (`FailureRoute.deadLetter`) to the topic's `-dlq` topic. Default 0.
    */
   readonly poisonRate?: number
+  /** With poison records: they go through retry topics with these waits (milliseconds) before the dead-letter topic. */
+  readonly retryDelays?: ReadonlyArray<number>
   /** Keeps the run's topic and group apart from earlier runs with the same policy and seed, in a store that lasts. */
   readonly runId?: string
   /** Told, while the run goes on, how far the group's stored positions have got. */
@@ -193,7 +195,9 @@ const withPoison = <E, R>(
 const routeOf = (workload: Workload, topic: string) =>
   (workload.poisonRate ?? 0) === 0
     ? {}
-    : { onFailure: FailureRoute.deadLetter({ topic: deadLetterTopic(topic) }) }
+    : workload.retryDelays === undefined || workload.retryDelays.length === 0
+    ? { onFailure: FailureRoute.deadLetter({ topic: deadLetterTopic(topic) }) }
+    : { onFailure: FailureRoute.retryTopics(workload.retryDelays, { deadLetter: { topic: deadLetterTopic(topic) } }) }
 
 export const tallyAll = (tally: Tally, records: Chunk.Chunk<ConsumerRecord>) =>
   Effect.sync(() => {
@@ -543,7 +547,12 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     const groupId = `${topic}-group`
     yield* kafka.createTopic(topic, workload.partitions)
     const poisonRate = workload.poisonRate ?? 0
-    if (poisonRate > 0) yield* kafka.createTopic(deadLetterTopic(topic), workload.partitions)
+    if (poisonRate > 0) {
+      yield* kafka.createTopic(deadLetterTopic(topic), workload.partitions)
+      for (let step = 0; step < (workload.retryDelays ?? []).length; step++) {
+        yield* kafka.createTopic(FailureRoute.retryTopic(topic, step), workload.partitions)
+      }
+    }
     // Poison records are chosen by a generator of their own: the same seed crashes at the same points with or without.
     const poisonRng = random(workload.seed ^ 0x5bd1e995)
     const poison = new Set<string>()
@@ -636,7 +645,15 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
         workload.onProgress({ stored, records: workload.records, crashes, rebalances })
       }
       // A zombie being made still has its commit to try: the run is not over before it has.
-      return !stalling && end.every((e, p) => (positions.get(`${topic}-${p}`) ?? 0n) >= e)
+      if (stalling || !end.every((e, p) => (positions.get(`${topic}-${p}`) ?? 0n) >= e)) return false
+      // Records on their way through retry topics are not done either.
+      for (let step = 0; step < (workload.retryDelays ?? []).length; step++) {
+        const retry = FailureRoute.retryTopic(topic, step)
+        const ends = yield* kafka.endOffsets(retry)
+        const at = yield* plan.positions(groupId, ends.map((_, partition) => ({ topic: retry, partition })))
+        if (!ends.every((e, p) => e === 0n || (at.get(`${retry}-${p}`) ?? 0n) >= e)) return false
+      }
+      return true
     })
     let rebalances = 0
     const extras: Array<Fiber.RuntimeFiber<unknown, unknown>> = []

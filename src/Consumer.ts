@@ -150,7 +150,7 @@ export type Requires<C extends Config> = [RouteOf<C>] extends [FailureRoute.Stop
  * @category models
  */
 export type Failures<C extends Config, E> = [RouteOf<C>] extends [FailureRoute.Stop | undefined] ? HandlerFailed<E>
-  : [RouteOf<C>] extends [FailureRoute.DeadLetter] ? ProduceFailed | CircuitOpen<E>
+  : [RouteOf<C>] extends [FailureRoute.DeadLetter | FailureRoute.RetryTopics] ? ProduceFailed | CircuitOpen<E>
   : HandlerFailed<E> | ProduceFailed | CircuitOpen<E>
 
 /**
@@ -276,7 +276,7 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
         groupId: config.groupId,
         clientId: config.clientId ?? config.groupId,
         subscription: config.topics !== undefined
-          ? { _tag: "Topics", topics: config.topics }
+          ? { _tag: "Topics", topics: [...config.topics, ...retryTopicsOf(config.topics, route)] }
           : { _tag: "Partitions", partitions: config.partitions ?? [] },
         maxPollRecords,
         pollTimeout,
@@ -297,31 +297,61 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
     } satisfies runloop.Resolved
   })
 
+/** The retry topics the consumer reads besides its own. */
+const retryTopicsOf = (topics: ReadonlyArray<string>, route: RouteSettings | undefined): ReadonlyArray<string> =>
+  route === undefined ? [] : topics.flatMap((topic) => route.delays.map((_, step) => FailureRoute.retryTopic(topic, step)))
+
+const validTopic = /^[a-zA-Z0-9._-]{1,249}$/
+
 const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, ConfigError> => {
   const route = config.onFailure
   if (route === undefined || route._tag === "Stop") return Effect.succeed(undefined)
-  if (route._tag !== "DeadLetter") {
+  if (route._tag !== "DeadLetter" && route._tag !== "RetryTopics") {
     return new ConfigError({
       field: "onFailure",
-      reason: "must be FailureRoute.stop or FailureRoute.deadLetter({ topic })"
+      reason: "must be FailureRoute.stop, FailureRoute.deadLetter({ topic }) or FailureRoute.retryTopics(delays, ...)"
     })
   }
-  if (typeof route.topic !== "string" || !/^[a-zA-Z0-9._-]{1,249}$/.test(route.topic)) {
+  const field = route._tag === "DeadLetter" ? "onFailure.topic" : "onFailure.deadLetter"
+  const topic = route._tag === "DeadLetter" ? route.topic : route.deadLetter
+  if (typeof topic !== "string" || !validTopic.test(topic)) {
     return new ConfigError({
-      field: "onFailure.topic",
-      reason: `"${String(route.topic)}" is not a valid topic name (1-249 of a-z A-Z 0-9 . _ -)`
+      field,
+      reason: `"${String(topic)}" is not a valid topic name (1-249 of a-z A-Z 0-9 . _ -)`
     })
   }
   const subscribed = config.topics ?? (config.partitions ?? []).map((tp) => tp.topic)
-  if (subscribed.includes(route.topic)) {
+  if (subscribed.includes(topic)) {
     return new ConfigError({
-      field: "onFailure.topic",
-      reason: `"${route.topic}" is a topic the consumer reads: its dead letters would come back to it`
+      field,
+      reason: `"${topic}" is a topic the consumer reads: its dead letters would come back to it`
     })
+  }
+  const delays = route._tag === "RetryTopics" ? route.delays : []
+  if (route._tag === "RetryTopics") {
+    if (config.topics === undefined) {
+      return new ConfigError({
+        field: "onFailure",
+        reason: "retry topics are read through the group's subscription: give topics, not partitions"
+      })
+    }
+    if (delays.length === 0 || delays.some((d) => !Number.isFinite(d) || d < 0)) {
+      return new ConfigError({
+        field: "onFailure.delays",
+        reason: `must be one or more finite, non-negative durations, got ${JSON.stringify(delays)}`
+      })
+    }
+    const tooLong = config.topics.find((t) => !validTopic.test(FailureRoute.retryTopic(t, delays.length - 1)))
+    if (tooLong !== undefined) {
+      return new ConfigError({
+        field: "onFailure",
+        reason: `the retry topics of "${tooLong}" would not be valid topic names (at most 249 characters)`
+      })
+    }
   }
   return Effect.map(
     config_.positiveInt("onFailure.maxInARow", route.maxInARow),
-    (maxInARow) => ({ topic: route.topic, maxInARow })
+    (maxInARow) => ({ topic, maxInARow, delays })
   )
 }
 

@@ -63,7 +63,21 @@ export interface DeadLetter {
  * @since 0.1.0
  * @category models
  */
-export type FailureRoute = Stop | DeadLetter
+export interface RetryTopics {
+  readonly _tag: "RetryTopics"
+  /** The wait before each retry, in milliseconds: retry `i` reads the topic `<source>-retry-<i>`. */
+  readonly delays: ReadonlyArray<number>
+  /** Where a record goes after its last retry. */
+  readonly deadLetter: string
+  /** The circuit: this many records of one partition failing in a row stop the consumer. */
+  readonly maxInARow: number
+}
+
+/**
+ * @since 0.1.0
+ * @category models
+ */
+export type FailureRoute = Stop | DeadLetter | RetryTopics
 
 /**
  * The record stops the consumer (`HandlerFailed`): the default.
@@ -87,6 +101,37 @@ export const deadLetter = (options: { readonly topic: string; readonly maxInARow
 })
 
 /**
+ * Non-blocking retries: a record that keeps failing is written to the retry topic `<source>-retry-0` with the time
+ * it is due (now + `delays[0]`), and the partition goes on at once. The consumer reads the retry topics too (they
+ * are added to its subscription): a retry topic's partition waits, paused, until its next record is due (no handler
+ * sleeps), then hands it over; a record failing there goes to `<source>-retry-1`, and so on; after the last retry, to
+ * `deadLetter.topic`. Each write keeps the record's key, value and headers, and the `dead-letter-*` headers name the
+ * record's first place (topic, partition, offset) and its attempts so far. The guarantee of each write is that of the
+ * dead-letter write under the same policy (see the module's documentation). Create the retry topics beforehand. The
+ * circuit (`maxInARow`) watches the consumer's own topics: a retry topic holds nothing but records that failed before.
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const retryTopics = (
+  delays: ReadonlyArray<Duration.DurationInput>,
+  options: { readonly deadLetter: { readonly topic: string }; readonly maxInARow?: number | undefined }
+): RetryTopics => ({
+  _tag: "RetryTopics",
+  delays: delays.map((delay) => Duration.toMillis(Duration.decode(delay))),
+  deadLetter: options.deadLetter.topic,
+  maxInARow: options.maxInARow ?? 10
+})
+
+/**
+ * The retry topic of a source topic for retry `step` (from 0).
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const retryTopic = (source: string, step: number): string => `${source}-retry-${step}`
+
+/**
  * The headers a dead-lettered record carries besides its own.
  *
  * @since 0.1.0
@@ -99,7 +144,9 @@ export const headers = {
   timestamp: "dead-letter-timestamp",
   errorTag: "dead-letter-error-tag",
   errorMessage: "dead-letter-error-message",
-  attempts: "dead-letter-attempts"
+  attempts: "dead-letter-attempts",
+  /** In a retry topic: when the record is due, in milliseconds since the epoch. */
+  due: "dead-letter-due"
 } as const
 
 const names: ReadonlySet<string> = new Set(Object.values(headers))
@@ -136,22 +183,42 @@ export const deadLetterRecord = (
   topic: string,
   record: ConsumerRecord,
   error: unknown,
-  attempts: number
-): ProducerRecord => ({
-  topic,
-  key: record.key,
-  value: record.value,
-  headers: {
-    ...record.headers,
-    [headers.topic]: record.topic,
-    [headers.partition]: String(record.partition),
-    [headers.offset]: record.offset.toString(),
-    [headers.timestamp]: String(record.timestamp),
-    [headers.errorTag]: errorTag(error),
-    [headers.errorMessage]: errorMessage(error),
-    [headers.attempts]: String(attempts)
+  attempts: number,
+  due?: number
+): ProducerRecord => {
+  // A record that comes from a retry topic keeps the place it failed first, and counts its attempts from there.
+  const earlier = deadLettered(record)
+  const { [headers.due]: _due, ...own } = record.headers
+  return {
+    topic,
+    key: record.key,
+    value: record.value,
+    headers: {
+      ...own,
+      [headers.topic]: earlier?.topic ?? record.topic,
+      [headers.partition]: String(earlier?.partition ?? record.partition),
+      [headers.offset]: (earlier?.offset ?? record.offset).toString(),
+      [headers.timestamp]: String(earlier?.timestamp ?? record.timestamp),
+      [headers.errorTag]: errorTag(error),
+      [headers.errorMessage]: errorMessage(error),
+      [headers.attempts]: String(attempts + (earlier?.attempts ?? 0)),
+      ...(due === undefined ? {} : { [headers.due]: String(due) })
+    }
   }
-})
+}
+
+/**
+ * When a record of a retry topic is due (milliseconds since the epoch); `undefined` when it says nothing.
+ *
+ * @since 0.1.0
+ * @category dead letters
+ */
+export const dueOf = (record: ConsumerRecord): number | undefined => {
+  const bytes = record.headers[headers.due]
+  if (bytes === undefined) return undefined
+  const due = Number(decoder.decode(bytes))
+  return Number.isFinite(due) ? due : undefined
+}
 
 /**
  * What a dead-lettered record says of itself.

@@ -3,6 +3,7 @@
  */
 import { assert, describe, expectTypeOf, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
+import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
@@ -433,6 +434,71 @@ describe("the dead-letter route", () => {
       })
       assert.strictEqual(badCircuit.field, "onFailure.maxInARow")
       assert.instanceOf(badCircuit, ConfigError)
+    }))
+})
+
+describe("retry topics", () => {
+  it.live("a failed record waits in its retry topic until due while its partition goes on; after the last retry, the dead-letter topic", () =>
+    Effect.gen(function*() {
+      for (const topic of [source, `${source}-retry-0`, `${source}-retry-1`, dlq]) {
+        yield* InMemoryKafka.createTopic(topic, 1)
+      }
+      yield* InMemoryKafka.produce(source, Array.from({ length: 10 }, (_, i) => ({ value: String(i), partition: 0 })))
+      const handled: Array<string> = []
+      const early: Array<string> = []
+      const failures = new Map<string, number>()
+      const fiber = yield* Effect.fork(
+        Consumer.runEach(
+          {
+            groupId: "g",
+            topics: [source],
+            retry: Schedule.recurs(0),
+            onFailure: FailureRoute.retryTopics(["150 millis", "300 millis"], { deadLetter: { topic: dlq } })
+          },
+          (record) =>
+            Effect.gen(function*() {
+              const value = valueString(record)!
+              const due = FailureRoute.dueOf(record)
+              if (due !== undefined && (yield* Clock.currentTimeMillis) < due) early.push(value)
+              const failed = failures.get(value) ?? 0
+              // Record 3 fails on the main topic and on the first retry, then succeeds; record 7 always fails.
+              if (value === "7" || (value === "3" && failed < 2)) {
+                failures.set(value, failed + 1)
+                return yield* Effect.fail(new Refused({ id: Number(value) }))
+              }
+              handled.push(`${record.topic}:${value}`)
+            })
+        ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "50 millis" })))
+      )
+      const letters = (yield* readTopic(dlq, 1, { atLeast: 1 }))[0]!
+      yield* waitFor("record 3 after its retries", () => handled.length === 9)
+      yield* Fiber.interrupt(fiber)
+
+      assert.deepStrictEqual(early, [], "a retry was handed over before it was due")
+      // The main partition did not wait for record 3: the records after it came first.
+      assert.deepStrictEqual(handled.slice(0, 8), ["0", "1", "2", "4", "5", "6", "8", "9"].map((v) => `${source}:${v}`))
+      assert.strictEqual(handled[8], `${source}-retry-1:3`)
+      assert.strictEqual(failures.get("7"), 3)
+      assert.strictEqual(letters.length, 1)
+      const letter = FailureRoute.deadLettered(letters[0]!)!
+      assert.deepStrictEqual(
+        [letter.topic, letter.partition, letter.offset, letter.attempts, letter.errorTag],
+        [source, 0, 7n, 3, "Refused"]
+      )
+      assert.isUndefined(FailureRoute.dueOf(letters[0]!), "a dead letter is not due anywhere")
+    }).pipe(Effect.provide(env)))
+
+  it.effect("retry topics need a topic subscription and valid delays", () =>
+    Effect.gen(function*() {
+      const route = FailureRoute.retryTopics(["1 second"], { deadLetter: { topic: dlq } })
+      const byPartition = yield* Effect.flip(
+        Consumer.validate({ groupId: "g", partitions: [{ topic: source, partition: 0 }], onFailure: route })
+      )
+      assert.strictEqual(byPartition.field, "onFailure")
+      const none = yield* Effect.flip(
+        Consumer.validate({ groupId: "g", topics: [source], onFailure: FailureRoute.retryTopics([], { deadLetter: { topic: dlq } }) })
+      )
+      assert.strictEqual(none.field, "onFailure.delays")
     }))
 })
 

@@ -142,7 +142,7 @@ describe("poison records dead-lettered under crashes and rebalances", () => {
     `both ${o.handledAndDeadLettered}, misrouted ${o.misrouted}`
 
   it.live.prop(
-    "property: every record is handled or dead-lettered (commitAfter, transactional, kafkaTransactional), none is both under the exactly-once policies, and only poison is dead-lettered",
+    "property: every record is handled or dead-lettered (commitAfter, transactional, kafkaTransactional), none is both under the exactly-once policies, and only poison is dead-lettered, straight or through retry topics",
     {
       seed: FastCheck.integer({ min: 1, max: 1_000_000 }),
       poisonRate: FastCheck.double({ min: 0.01, max: 0.3, noNaN: true }),
@@ -153,9 +153,10 @@ describe("poison records dead-lettered under crashes and rebalances", () => {
       crashes: FastCheck.integer({ min: 0, max: 10 }),
       rebalances: FastCheck.boolean(),
       ordering: FastCheck.constantFrom("partition" as const, "key" as const),
-      keys: FastCheck.integer({ min: 1, max: 50 })
+      keys: FastCheck.integer({ min: 1, max: 50 }),
+      retries: FastCheck.boolean()
     },
-    ({ consumers, crashes, keys, maxPollRecords, ordering, partitions, points, poisonRate, rebalances, seed }) =>
+    ({ consumers, crashes, keys, maxPollRecords, ordering, partitions, points, poisonRate, rebalances, retries, seed }) =>
       Effect.gen(function*() {
         const workload = {
           records: 600,
@@ -170,7 +171,9 @@ describe("poison records dead-lettered under crashes and rebalances", () => {
           seed,
           ordering,
           keys,
-          poisonRate
+          poisonRate,
+          // Through two retry topics (waits of 5 and 20 ms) before the dead-letter topic, or straight there.
+          ...(retries ? { retryDelays: [5, 20] } : {})
         }
         const alo = yield* run({ ...workload, policy: "commitAfter" })
         assert.isAbove(alo.poison, 0, withPoison(alo))

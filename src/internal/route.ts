@@ -1,4 +1,5 @@
 import * as Chunk from "effect/Chunk"
+import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
@@ -7,10 +8,31 @@ import { CircuitOpen, DecodeFailed, type ProduceFailed } from "../KafkaError.js"
 import { Producer } from "../Producer.js"
 import * as TopicPartition from "../TopicPartition.js"
 
-/** The dead-letter route after validation. */
+/** The failure route after validation. */
 export interface RouteSettings {
+  /** The dead-letter topic. */
   readonly topic: string
   readonly maxInARow: number
+  /** The waits of the retry topics before it, in milliseconds; none for a plain dead-letter route. */
+  readonly delays: ReadonlyArray<number>
+}
+
+/** The retry step a topic is for (`<source>-retry-<step>`), when it is one of the route's retry topics. */
+export const retryStepOf = (settings: RouteSettings, topic: string): number | undefined => {
+  if (settings.delays.length === 0) return undefined
+  const match = /-retry-(\d+)$/.exec(topic)
+  if (match === null) return undefined
+  const step = Number(match[1])
+  return step < settings.delays.length ? step : undefined
+}
+
+/** Where a record of `topic` that failed goes: the next retry topic and when it is due, or the dead-letter topic. */
+const targetOf = (settings: RouteSettings, topic: string, now: number) => {
+  const step = retryStepOf(settings, topic)
+  const next = step === undefined ? 0 : step + 1
+  if (next >= settings.delays.length) return { topic: settings.topic, due: undefined }
+  const source = step === undefined ? topic : topic.slice(0, topic.lastIndexOf("-retry-"))
+  return { topic: `${source}-retry-${next}`, due: now + settings.delays[next]! }
 }
 
 /**
@@ -55,9 +77,9 @@ interface PartitionRoute {
   readonly poisoned: Map<bigint, unknown>
   /** Records dead-lettered by a write that a rolled-back unit does not take back: not written again. */
   readonly written: Set<bigint>
-  /** Records routed in a row, and the offset of the last one. */
-  inARow: number
-  last: bigint
+  /** The highest offset handled, and the records routed above it: the failures in a row, in offset order. */
+  handledUpTo: bigint
+  streak: Array<bigint>
 }
 
 export interface Router<E, R> {
@@ -95,7 +117,7 @@ export const makeRouter = <E, R>(
   const stateOf = (k: string) => {
     let state = partitions.get(k)
     if (state === undefined) {
-      state = { poisoned: new Map(), written: new Set(), inARow: 0, last: -1n }
+      state = { poisoned: new Map(), written: new Set(), handledUpTo: -1n, streak: [] }
       partitions.set(k, state)
     }
     return state
@@ -115,11 +137,15 @@ export const makeRouter = <E, R>(
         attempts.set(id, (attempts.get(id) ?? 0) + 1)
       }))
 
-  const handled = (tp: TopicPartition.TopicPartition) =>
+  /** Records up to `upTo` were handled: failures below them are no longer in a row. */
+  const handled = (tp: TopicPartition.TopicPartition, upTo: bigint) =>
     Effect.sync(() => {
       const state = partitions.get(TopicPartition.key(tp))
-      if (state !== undefined) state.inARow = 0
+      if (state === undefined || upTo <= state.handledUpTo) return
+      state.handledUpTo = upTo
+      if (state.streak.length > 0) state.streak = state.streak.filter((offset) => offset > upTo)
     })
+  const lastOf = (records: Chunk.Chunk<ConsumerRecord>) => Chunk.unsafeLast(records).offset
 
   const park = (
     tp: TopicPartition.TopicPartition,
@@ -133,37 +159,39 @@ export const makeRouter = <E, R>(
       const state = stateOf(k)
       const id = `${k}@${record.offset}`
       const tries = Math.max(attempts.get(id) ?? 1, 1)
-      // A record routed again (its unit ran again after a rollback) is not one more in the row.
-      const fresh = counts && record.offset > state.last
-      if (fresh && state.inARow + 1 >= settings.maxInARow) {
+      // In a row means in offset order, with no record handled after it: under key ordering, records finish out of
+      // order. A record routed again (its unit ran again after a rollback) is not one more; nor is a record of a retry
+      // topic, which holds nothing but records that failed before: the circuit watches the consumer's topics.
+      const fresh = counts && record.offset > state.handledUpTo && !state.streak.includes(record.offset) &&
+        retryStepOf(settings, tp.topic) === undefined
+      if (fresh && state.streak.length + 1 >= settings.maxInARow) {
         return Effect.fail(
           new RouteFailure(
             new CircuitOpen({
               topic: tp.topic,
               partition: tp.partition,
               offset: record.offset,
-              count: state.inARow + 1,
+              count: state.streak.length + 1,
               cause: error
             })
           )
         )
       }
       if (state.written.has(record.offset)) return Effect.void
-      return Effect.serviceOption(Producer).pipe(
-        Effect.flatMap((producer) =>
-          Option.isNone(producer)
-            ? Effect.dieMessage("the deadLetter route needs a Producer")
-            : producer.value.send(deadLetterRecord(settings.topic, record, error, tries))
-        ),
+      return Effect.all([Effect.serviceOption(Producer), Clock.currentTimeMillis]).pipe(
+        Effect.flatMap(([producer, now]) => {
+          if (Option.isNone(producer)) return Effect.dieMessage("the failure route needs a Producer")
+          const target = targetOf(settings, tp.topic, now)
+          return producer.value.send(deadLetterRecord(target.topic, record, error, tries, target.due))
+        }),
         Effect.mapError((error) => new RouteFailure(error)),
         Effect.flatMap((written) =>
           Effect.suspend(() => {
-            if (fresh) state.inARow++
-            if (record.offset > state.last) state.last = record.offset
+            if (fresh && record.offset > state.handledUpTo) state.streak.push(record.offset)
             attempts.delete(id)
             if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
             return Effect.logWarning(
-              `${k}@${record.offset} failed ${tries} time(s) and was dead-lettered to ${written.topic}-` +
+              `${k}@${record.offset} failed ${tries} time(s) and was routed to ${written.topic}-` +
                 `${written.partition}@${written.offset}`
             )
           })
@@ -177,7 +205,7 @@ export const makeRouter = <E, R>(
   // inPlace and once: the unit goes on past a record that keeps failing, which is routed in it.
   const inPlace: Work<E, R> = (records, tp) =>
     Effect.matchEffect(counted(tp, records, work(records, tp)), {
-      onSuccess: () => handled(tp),
+      onSuccess: () => handled(tp, lastOf(records)),
       onFailure: (failure) => Effect.flatMap(errorOf(failure), (failure) => salvage(records, tp, failure))
     })
 
@@ -192,7 +220,7 @@ export const makeRouter = <E, R>(
       return Effect.fail(first)
     })
     return Effect.catchAll(
-      Effect.zipLeft(retry(attempt), handled(tp)),
+      Effect.zipLeft(retry(attempt), handled(tp, record.offset)),
       (failure) => Effect.flatMap(errorOf(failure), (failure) => park(tp, record, failure.error))
     )
   }
@@ -212,7 +240,7 @@ export const makeRouter = <E, R>(
           mode === "once"
             ? park(tp, record, failure.error, i === 0)
             : Effect.matchEffect(counted(tp, Chunk.of(record), work(Chunk.of(record), tp)), {
-              onSuccess: () => handled(tp),
+              onSuccess: () => handled(tp, record.offset),
               onFailure: (again) => Effect.flatMap(errorOf(again), (again) => single(record, tp, again))
             }),
         { discard: true }
@@ -225,7 +253,7 @@ export const makeRouter = <E, R>(
     const before = at.value === 0
       ? Effect.void
       : failure.handledBefore
-      ? handled(tp)
+      ? handled(tp, Chunk.unsafeGet(records, at.value - 1).offset)
       : inPlace(Chunk.take(records, at.value), tp)
     const routed = Effect.zipRight(before, single(record, tp, failure))
     return Chunk.isEmpty(rest) ? routed : Effect.zipRight(routed, inPlace(rest, tp))
@@ -235,14 +263,14 @@ export const makeRouter = <E, R>(
   const rerun: Work<E, R> = (records, tp) => {
     const state = partitions.get(TopicPartition.key(tp))
     if (state === undefined || state.poisoned.size === 0) {
-      return Effect.zipLeft(counted(tp, records, work(records, tp)), handled(tp))
+      return Effect.zipLeft(counted(tp, records, work(records, tp)), handled(tp, lastOf(records)))
     }
     const steps: Array<Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>> = []
     let run: Array<ConsumerRecord> = []
     const flush = () => {
       if (run.length === 0) return
       const part = Chunk.unsafeFromArray(run)
-      steps.push(Effect.zipLeft(counted(tp, part, work(part, tp)), handled(tp)))
+      steps.push(Effect.zipLeft(counted(tp, part, work(part, tp)), handled(tp, lastOf(part))))
       run = []
     }
     for (const record of records) {

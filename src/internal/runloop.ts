@@ -1,5 +1,6 @@
 import * as Cause from "effect/Cause"
 import * as Chunk from "effect/Chunk"
+import * as Clock from "effect/Clock"
 import type * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
@@ -14,6 +15,7 @@ import * as Scope from "effect/Scope"
 import { CommitPolicy, type PolicyContext, type PolicyError, type PolicyInstance } from "../CommitPolicy.js"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
 import { Driver, type DriverEvent, type DriverSession, type SessionOptions } from "../Driver.js"
+import { dueOf } from "../FailureRoute.js"
 import { Crashed, Faults } from "../Faults.js"
 import {
   type CircuitOpen,
@@ -33,7 +35,15 @@ import { concurrently, keyText, type Ordering } from "./ordering.js"
 import * as Permits from "./permits.js"
 import { Progress, type Range } from "./progress.js"
 import { retryAfterFailure } from "./retry.js"
-import { HandlerFailure, makeRouter, retryable, RouteFailure, type RouteSettings, type Work } from "./route.js"
+import {
+  HandlerFailure,
+  makeRouter,
+  retryable,
+  retryStepOf,
+  RouteFailure,
+  type RouteSettings,
+  type Work
+} from "./route.js"
 
 /** Where a partition starts when it has no position, or one outside its log. */
 export type OffsetReset = "earliest" | "latest" | "none"
@@ -379,6 +389,58 @@ const runSession = <E, R, EH, RH>(
         Effect.fail(givenUp)
       )
 
+    /** A chunk as a unit; `false` when it was left to the partition's next owner. */
+    const kept = (state: PartitionState, records: Chunk.Chunk<ConsumerRecord>, position: bigint) =>
+      processChunk(state, records, position).pipe(
+        Effect.as(true),
+        Effect.catchIf(isGivenUp, () => Effect.succeed(false))
+      )
+
+    /** Whether the partition is one of the route's retry topics: its records wait until they are due. */
+    const retrying = (tp: TopicPartition.TopicPartition) =>
+      config.route !== undefined && retryStepOf(config.route, tp.topic) !== undefined
+
+    /**
+     * A chunk of a retry topic: the records that are due are handled; at the first that is not, the partition pauses
+     * until it is (no handler waits), then goes on. A revoke ends the wait; the rest is left to the next owner.
+     */
+    const whenDue = (
+      state: PartitionState,
+      records: Chunk.Chunk<ConsumerRecord>,
+      position: bigint
+    ): Effect.Effect<boolean, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin, R> =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        const at = Chunk.findFirstIndex(records, (record) => (dueOf(record) ?? 0) > now)
+        if (Option.isNone(at)) return kept(state, records, position)
+        const waiting = Chunk.unsafeGet(records, at.value)
+        const before = at.value === 0 ? Effect.succeed(true) : kept(state, Chunk.take(records, at.value), waiting.offset)
+        return Effect.flatMap(before, (done) =>
+          !done ? Effect.succeed(false) : Effect.zipRight(
+            waitUntil(state, dueOf(waiting)!),
+            Effect.suspend(() =>
+              state.stopping ? Effect.succeed(false) : whenDue(state, Chunk.drop(records, at.value), position)
+            )
+          ))
+      })
+
+    /** Pauses the partition until `due` (or its revoke), in steps, so that a revoke need not wait for the end. */
+    const waitUntil = (state: PartitionState, due: number): Effect.Effect<void> =>
+      Effect.zipRight(
+        state.lock.withPermits(1)(Effect.suspend(() => {
+          if (state.paused) return Effect.void
+          state.paused = true
+          return guard(session.pause([state.tp]))
+        })),
+        Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          const step = (left: number): Effect.Effect<void> =>
+            left <= 0 || state.stopping ? Effect.void : Effect.zipRight(
+              Effect.sleep(Duration.millis(Math.min(left, 100))),
+              Effect.flatMap(Clock.currentTimeMillis, (at) => step(due - at))
+            )
+          return step(due - now)
+        })
+      )
+
     // Chunks one after another, each as it was fetched. The worker takes every chunk waiting at once and handles
     // them in a loop of flatMaps rather than a generator: this runs once per chunk.
     // Forked in the poll loop, the worker runs with the consumer's services, the handler's among them.
@@ -390,9 +452,7 @@ const runSession = <E, R, EH, RH>(
         if (at === Chunk.size(chunks)) return loop
         const { next: position, records: fetched } = Chunk.unsafeGet(chunks, at)
         const records = state.skip === undefined ? fetched : withoutFinished(state, fetched)
-        return processChunk(state, records, position).pipe(
-          Effect.as(true),
-          Effect.catchIf(isGivenUp, () => Effect.succeed(false)),
+        return (retrying(state.tp) ? whenDue(state, records, position) : kept(state, records, position)).pipe(
           Effect.flatMap((kept) => {
             if (!kept) return Effect.void
             rerun?.passed(state.tp, position)
@@ -670,6 +730,8 @@ const runSession = <E, R, EH, RH>(
           // Records an earlier owner finished out of order above the position are not handled again.
           const finishedBefore = policy.finishedOnAssign?.(tp) ?? []
           router?.reset(tp)
+          // A retry topic's partition is read in order, whatever the ordering: its records wait until they are due.
+          const inOrder = outOfOrder === undefined || retrying(tp)
           const state: PartitionState = {
             tp,
             key,
@@ -682,14 +744,14 @@ const runSession = <E, R, EH, RH>(
             paused: false,
             stopping: false,
             worker: undefined,
-            progress: outOfOrder === undefined ? undefined : new Progress(position, finishedBefore),
-            skip: outOfOrder === undefined && finishedBefore.length > 0 ? new Progress(position, finishedBefore) : undefined
+            progress: inOrder ? undefined : new Progress(position, finishedBefore),
+            skip: inOrder && finishedBefore.length > 0 ? new Progress(position, finishedBefore) : undefined
           }
           owned.set(key, state)
           if (hooks.onAssign !== undefined) {
             yield* hooks.onAssign(tp).pipe(Scope.extend(state.scope))
           }
-          state.worker = yield* (outOfOrder === undefined ? worker(state) : pipelineWorker(state, outOfOrder)).pipe(
+          state.worker = yield* (inOrder ? worker(state) : pipelineWorker(state, outOfOrder!)).pipe(
             Effect.catchAllCause(report),
             Effect.forkIn(state.scope)
           )
