@@ -6,7 +6,7 @@
  *   npm run bench -- --smoke                    every benchmark at tiny sizes, for CI (under a minute)
  *   npm run bench -- --json out.json            also write the results as JSON
  *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer,
- *                                               ordering
+ *                                               ordering, retries
  *   npm run bench -- --rounds 7 --warmup 2      more rounds
  *
  * A broker is started with scripts/kafka.sh on a free port (and stopped at the end) unless KAFKA_BROKERS is set.
@@ -23,11 +23,21 @@ import { exactlyOnce, type PostgresSizes } from "./postgres.js"
 import { orderingInMemory, orderingKafka, orderingPostgres, type OrderingSizes } from "./ordering.js"
 import { manyFibers, pipeline, producerThroughput, type ProducerSizes } from "./producer.js"
 import { overhead, realistic, type RealBrokerSizes } from "./realBroker.js"
+import { retriesInMemory, retriesKafka, type RetrySizes } from "./retries.js"
 import { makeTopics } from "./topics.js"
 
 process.env.KAFKAJS_NO_PARTITIONER_WARNING = "1"
 
-const benchmarkIds = ["overhead", "realistic", "postgres", "inmemory", "backlog", "producer", "ordering"] as const
+const benchmarkIds = [
+  "overhead",
+  "realistic",
+  "postgres",
+  "inmemory",
+  "backlog",
+  "producer",
+  "ordering",
+  "retries"
+] as const
 type BenchmarkId = (typeof benchmarkIds)[number]
 
 interface Sizes {
@@ -37,6 +47,7 @@ interface Sizes {
   readonly backlog: BacklogSizes
   readonly producer: ProducerSizes
   readonly ordering: OrderingSizes
+  readonly retries: { readonly inMemory: RetrySizes; readonly kafka: RetrySizes }
 }
 
 const full: Sizes = {
@@ -51,7 +62,8 @@ const full: Sizes = {
     pipelineRecords: 200_000,
     partitions: 6
   },
-  ordering: { records: 20_000, keys: 10_000, partitions: 6, concurrency: 100 }
+  ordering: { records: 20_000, keys: 10_000, partitions: 6, concurrency: 100 },
+  retries: { inMemory: { records: 200_000, partitions: 6 }, kafka: { records: 100_000, partitions: 6 } }
 }
 
 const smoke: Sizes = {
@@ -60,7 +72,8 @@ const smoke: Sizes = {
   inMemoryRecords: 20_000,
   backlog: { small: 6_000, large: 30_000, partitions: 6, windowMs: 1_500, chunkDelayMs: 500 },
   producer: { throughputRecords: 3_000, valueBytes: [256, 16], fiberRecords: 500, pipelineRecords: 600, partitions: 6 },
-  ordering: { records: 600, keys: 100, partitions: 6, concurrency: 20 }
+  ordering: { records: 600, keys: 100, partitions: 6, concurrency: 20 },
+  retries: { inMemory: { records: 2_000, partitions: 6 }, kafka: { records: 2_000, partitions: 6 } }
 }
 
 export interface Options {
@@ -160,11 +173,15 @@ const main = async (): Promise<number> => {
     const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
     await attempt("ordering-postgres", () => orderingPostgres(plan, url, sizes.ordering))
   }
+  if (wants("retries")) await attempt("retries-inmemory", () => retriesInMemory(plan, sizes.retries.inMemory))
   if (wants("postgres")) {
     const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
     await attempt("postgres", () => exactlyOnce(plan, url, sizes.postgres))
   }
-  if (wants("overhead") || wants("realistic") || wants("backlog") || wants("producer") || wants("ordering")) {
+  if (
+    wants("overhead") || wants("realistic") || wants("backlog") || wants("producer") || wants("ordering") ||
+    wants("retries")
+  ) {
     try {
       await withBroker(log, async (brokers) => {
         const runId = `${process.pid}-${Date.now().toString(36)}`
@@ -185,6 +202,7 @@ const main = async (): Promise<number> => {
             await attempt("pipeline", () => pipeline(plan, brokers, sizes.producer))
           }
           if (wants("ordering")) await attempt("ordering-kafka", () => orderingKafka(plan, brokers, sizes.ordering))
+          if (wants("retries")) await attempt("retries-kafka", () => retriesKafka(plan, brokers, sizes.retries.kafka))
         } finally {
           await topics.close()
         }

@@ -38,7 +38,9 @@ const expected = [
   "pipeline",
   "ordering-inmemory",
   "ordering-postgres",
-  "ordering-kafka"
+  "ordering-kafka",
+  "retries-inmemory",
+  "retries-kafka"
 ]
 
 const runSmoke = (json: string) =>

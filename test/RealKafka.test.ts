@@ -99,7 +99,7 @@ if (brokers) {
         }
       }), { timeout: 20 * 60_000 })
 
-    it.live("SIGKILL with dead letters: 10,000 records, 5% poison, 20 kills; commitAfter, transactional and kafkaTransactional route every poison record and lose nothing", () =>
+    it.live("SIGKILL with dead letters: 10,000 records, 5% poison, 20 kills; commitAfter (straight, and through two retry topics), transactional and kafkaTransactional route every poison record and lose nothing", () =>
       Effect.gen(function*() {
         const base = {
           records: 10_000,
@@ -113,6 +113,7 @@ if (brokers) {
         } as const
         const outcomes = yield* Effect.all([
           runRealWorkload({ ...base, policy: "commitAfter", seed: 5001 }),
+          runRealWorkload({ ...base, policy: "commitAfter", seed: 5004, retryDelays: [500, 1_000] }),
           runRealWorkload({ ...base, policy: "transactional", seed: 5002 }),
           runRealWorkload({ ...base, policy: "kafkaTransactional", seed: 5003 })
         ], { concurrency: "unbounded" })

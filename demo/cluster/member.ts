@@ -131,7 +131,15 @@ const member = (options: MemberOptions) =>
       options.deadLetterTopic === undefined
         ? Consumer.run(config, handler, hooks)
         : Consumer.run(
-          { ...config, onFailure: FailureRoute.deadLetter({ topic: options.deadLetterTopic, maxInARow: 1_000 }) },
+          {
+            ...config,
+            onFailure: options.retryDelays.length === 0
+              ? FailureRoute.deadLetter({ topic: options.deadLetterTopic, maxInARow: 1_000 })
+              : FailureRoute.retryTopics(options.retryDelays, {
+                deadLetter: { topic: options.deadLetterTopic },
+                maxInARow: 1_000
+              })
+          },
           withPoison(options, handler),
           hooks
         )

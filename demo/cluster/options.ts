@@ -47,6 +47,8 @@ export interface MemberOptions {
    * to this topic (`FailureRoute.deadLetter`).
    */
   readonly deadLetterTopic: string | undefined
+  /** With a dead-letter topic: retry topics with these waits (milliseconds) before it. */
+  readonly retryDelays: ReadonlyArray<number>
   /**
    * Standard input is the supervisor's pipe: a line `pace <millis>` changes the handler's time, and the end of input
    * means the supervisor is gone, so the member leaves.
@@ -63,6 +65,7 @@ const usage = "usage: member.ts --brokers host:port --topic T --group G " +
   "--results-table NAME " +
   "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
   "[--session-timeout-millis MS] [--ordering partition|key|unordered] [--concurrency N] [--dead-letter-topic T] " +
+  "[--retry-delays MS,MS] " +
   "[--supervised] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
 
 /** Reads the member's settings from its arguments, with `KAFKA_BROKERS` and `DATABASE_URL` as fallbacks. */
@@ -91,6 +94,7 @@ export const parse = (
             ordering: { type: "string" },
             concurrency: { type: "string" },
             "dead-letter-topic": { type: "string" },
+            "retry-delays": { type: "string" },
             supervised: { type: "boolean" }
           }
         }).values,
@@ -110,6 +114,13 @@ export const parse = (
       return Number.isInteger(n) && n >= min
         ? Effect.succeed(n)
         : Effect.fail(new MemberConfigError({ message: `--${name} must be an integer >= ${min}, got "${value}"` }))
+    }
+    const delays = (text: string | undefined) => {
+      if (text === undefined || text.trim() === "") return Effect.succeed([] as ReadonlyArray<number>)
+      const list = text.split(",").map(Number)
+      return list.every((n) => Number.isInteger(n) && n >= 0)
+        ? Effect.succeed(list as ReadonlyArray<number>)
+        : Effect.fail(new MemberConfigError({ message: `--retry-delays takes milliseconds, MS,MS..., got "${text}"` }))
     }
     const policy = yield* required("policy", parsed.policy)
     if (!policies.includes(policy as PolicyName)) {
@@ -137,6 +148,7 @@ export const parse = (
       ordering: ordering as Ordering,
       concurrency: yield* integer("concurrency", parsed.concurrency, 64, 1),
       deadLetterTopic: parsed["dead-letter-topic"],
+      retryDelays: yield* delays(parsed["retry-delays"]),
       supervised: parsed.supervised ?? false
     }
   })
@@ -170,5 +182,6 @@ export const toArgs = (options: MemberOptions): Array<string> => [
   "--concurrency",
   String(options.concurrency),
   ...(options.deadLetterTopic === undefined ? [] : ["--dead-letter-topic", options.deadLetterTopic]),
+  ...(options.retryDelays.length === 0 ? [] : ["--retry-delays", options.retryDelays.join(",")]),
   ...(options.supervised ? ["--supervised"] : [])
 ]

@@ -66,6 +66,8 @@ export interface RealWorkload {
    * (the handler refuses them). With any, members dead-letter them to the topic's `-dlq` topic.
    */
   readonly poisonRate?: number
+  /** With poison records: the waits (milliseconds) of the retry topics they go through before the dead-letter topic. */
+  readonly retryDelays?: ReadonlyArray<number>
 }
 
 export interface RealOutcome extends Outcome {
@@ -291,6 +293,9 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     const groupId = `${topic}-group`
     const resultsTable = `cluster_results_${id}`
     const poisonRate = workload.poisonRate ?? 0
+    const retryTopics = poisonRate > 0
+      ? (workload.retryDelays ?? []).map((_, step) => FailureRoute.retryTopic(topic, step))
+      : []
     const offsetsTable = `cluster_offsets_${id}`
     const maxPollRecords = workload.maxPollRecords ?? 20
     const chunksPerPartition = Math.max(1, Math.ceil(workload.records / workload.partitions / maxPollRecords))
@@ -330,7 +335,8 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
               topics: [
                 topic,
                 ...(workload.policy === "kafkaTransactional" ? [outputTopicOf(topic)] : []),
-                ...(poisonRate > 0 ? [deadLetterTopic(topic)] : [])
+                ...(poisonRate > 0 ? [deadLetterTopic(topic)] : []),
+                ...retryTopics
               ]
             })).pipe(Effect.ignore)
           yield* tryPromise("disconnecting", () => admin.disconnect()).pipe(Effect.ignore)
@@ -341,6 +347,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       yield* KafkaJs.createTopic(workload.brokers, outputTopicOf(topic), workload.partitions)
     }
     if (poisonRate > 0) yield* KafkaJs.createTopic(workload.brokers, deadLetterTopic(topic), workload.partitions)
+    for (const retry of retryTopics) yield* KafkaJs.createTopic(workload.brokers, retry, workload.partitions)
     // Poison records are chosen by a generator of their own, so that the same seed kills at the same moments.
     const poisonRng = random(workload.seed ^ 0x5bd1e995)
     let poison = 0
@@ -359,25 +366,36 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     )
     const end = yield* KafkaJs.endOffsets(workload.brokers, topic)
 
-    const positions: Effect.Effect<ReadonlyMap<number, bigint>, ClusterRunError> = workload.policy === "transactional"
-      ? tryPromise("reading stored positions", async () => {
-        const rows = await sql.unsafe(
-          `select partition, next_offset::text as next from "${offsetsTable}" where group_id = $1 and topic = $2`,
-          [groupId, topic]
-        )
-        return new Map(rows.map((row) => [Number(row.partition), BigInt(row.next)] as const))
-      })
-      : tryPromise("reading committed offsets", async () => {
-        const response = await admin.fetchOffsets({ groupId, topics: [topic] })
-        const out = new Map<number, bigint>()
-        for (const t of response) for (const p of t.partitions) out.set(p.partition, BigInt(p.offset))
-        return out
-      })
+    const positionsOf = (
+      of: string
+    ): Effect.Effect<ReadonlyMap<number, bigint>, ClusterRunError> =>
+      workload.policy === "transactional"
+        ? tryPromise("reading stored positions", async () => {
+          const rows = await sql.unsafe(
+            `select partition, next_offset::text as next from "${offsetsTable}" where group_id = $1 and topic = $2`,
+            [groupId, of]
+          )
+          return new Map(rows.map((row) => [Number(row.partition), BigInt(row.next)] as const))
+        })
+        : tryPromise("reading committed offsets", async () => {
+          const response = await admin.fetchOffsets({ groupId, topics: [of] })
+          const out = new Map<number, bigint>()
+          for (const t of response) for (const p of t.partitions) out.set(p.partition, BigInt(p.offset))
+          return out
+        })
+    const positions = positionsOf(topic)
     // A broker that is starting or restarting answers with errors for a while; the run's deadline bounds the wait.
-    const atEnd = positions.pipe(
-      Effect.map((ps) => Array.from(end).every(([p, e]) => (ps.get(p) ?? -1n) >= e)),
-      Effect.catchAll((error) => Effect.as(Effect.logDebug(error.message), false))
-    )
+    // Records on their way through retry topics are not done either.
+    const atEnd = Effect.gen(function*() {
+      const ps = yield* positions
+      if (!Array.from(end).every(([p, e]) => (ps.get(p) ?? -1n) >= e)) return false
+      for (const retry of retryTopics) {
+        const ends = yield* KafkaJs.endOffsets(workload.brokers, retry)
+        const at = yield* positionsOf(retry)
+        if (!Array.from(ends).every(([p, e]) => e === 0n || (at.get(p) ?? -1n) >= e)) return false
+      }
+      return true
+    }).pipe(Effect.catchAll((error) => Effect.as(Effect.logDebug(error.message), false)))
 
     const memberOptions = (name: string): MemberOptions => ({
       brokers: workload.brokers,
@@ -394,6 +412,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       ordering: workload.ordering ?? "partition",
       concurrency: workload.concurrency ?? 64,
       deadLetterTopic: poisonRate > 0 ? deadLetterTopic(topic) : undefined,
+      retryDelays: poisonRate > 0 ? workload.retryDelays ?? [] : [],
       supervised: true
     })
 

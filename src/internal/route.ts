@@ -1,6 +1,7 @@
 import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
 import { deadLetterRecord } from "../FailureRoute.js"
@@ -47,6 +48,9 @@ export class HandlerFailure<E> {
     readonly handledBefore: boolean = true
   ) {}
 }
+
+/** The route's writes a unit started, which it waits for before it ends. */
+type Pending = Array<Fiber.RuntimeFiber<void, RouteFailure>>
 
 /** The route itself failed: the dead-letter write, or the circuit opened. Neither retried nor routed. */
 export class RouteFailure {
@@ -147,7 +151,13 @@ export const makeRouter = <E, R>(
     })
   const lastOf = (records: Chunk.Chunk<ConsumerRecord>) => Chunk.unsafeLast(records).offset
 
+  /**
+   * Routes a record: the circuit is checked at once, and the write is started in a fiber of its own, added to
+   * `pending`, so that the unit goes on with its next records meanwhile; the unit ends only once every write it
+   * started is acknowledged (`settled`).
+   */
   const park = (
+    pending: Pending,
     tp: TopicPartition.TopicPartition,
     record: ConsumerRecord,
     error: unknown,
@@ -177,8 +187,9 @@ export const makeRouter = <E, R>(
           )
         )
       }
+      if (fresh) state.streak.push(record.offset)
       if (state.written.has(record.offset)) return Effect.void
-      return Effect.all([Effect.serviceOption(Producer), Clock.currentTimeMillis]).pipe(
+      const write = Effect.all([Effect.serviceOption(Producer), Clock.currentTimeMillis]).pipe(
         Effect.flatMap(([producer, now]) => {
           if (Option.isNone(producer)) return Effect.dieMessage("the failure route needs a Producer")
           const target = targetOf(settings, tp.topic, now)
@@ -187,7 +198,6 @@ export const makeRouter = <E, R>(
         Effect.mapError((error) => new RouteFailure(error)),
         Effect.flatMap((written) =>
           Effect.suspend(() => {
-            if (fresh && record.offset > state.handledUpTo) state.streak.push(record.offset)
             attempts.delete(id)
             if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
             return Effect.logWarning(
@@ -197,20 +207,45 @@ export const makeRouter = <E, R>(
           })
         )
       )
+      return Effect.flatMap(Effect.fork(write), (fiber) =>
+        Effect.sync(() => {
+          pending.push(fiber)
+        }))
+    })
+
+  /** Runs a unit's work with the route's writes it starts, and waits for them all before the unit ends. */
+  const withPending = <A, E2, R2>(body: (pending: Pending) => Effect.Effect<A, E2, R2>) =>
+    Effect.suspend(() => {
+      const pending: Pending = []
+      return body(pending).pipe(
+        Effect.zipLeft(Effect.suspend(() => Effect.forEach(pending, Fiber.join, { discard: true }))),
+        // A unit that failed still lets the writes it started end, so that what was written is known.
+        Effect.onError(() => Effect.forEach(pending, Fiber.await, { discard: true }))
+      )
     })
 
   const errorOf = (failure: HandlerFailure<E> | RouteFailure) =>
     failure instanceof HandlerFailure ? Effect.succeed(failure) : Effect.fail(failure)
 
   // inPlace and once: the unit goes on past a record that keeps failing, which is routed in it.
-  const inPlace: Work<E, R> = (records, tp) =>
+  const inPlaceIn = (
+    pending: Pending,
+    records: Chunk.Chunk<ConsumerRecord>,
+    tp: TopicPartition.TopicPartition
+  ): Effect.Effect<void, HandlerFailure<E> | RouteFailure, R> =>
     Effect.matchEffect(counted(tp, records, work(records, tp)), {
       onSuccess: () => handled(tp, lastOf(records)),
-      onFailure: (failure) => Effect.flatMap(errorOf(failure), (failure) => salvage(records, tp, failure))
+      onFailure: (failure) => Effect.flatMap(errorOf(failure), (failure) => salvage(pending, records, tp, failure))
     })
+  const inPlace: Work<E, R> = (records, tp) => withPending((pending) => inPlaceIn(pending, records, tp))
 
-  const single = (record: ConsumerRecord, tp: TopicPartition.TopicPartition, first: HandlerFailure<E>) => {
-    if (mode === "once" || !retryable(first)) return park(tp, record, first.error)
+  const single = (
+    pending: Pending,
+    record: ConsumerRecord,
+    tp: TopicPartition.TopicPartition,
+    first: HandlerFailure<E>
+  ) => {
+    if (mode === "once" || !retryable(first)) return park(pending, tp, record, first.error)
     const one = Chunk.of(record)
     // The schedule's retries after the failure already seen, which counts as its first attempt.
     let replayed = false
@@ -221,11 +256,12 @@ export const makeRouter = <E, R>(
     })
     return Effect.catchAll(
       Effect.zipLeft(retry(attempt), handled(tp, record.offset)),
-      (failure) => Effect.flatMap(errorOf(failure), (failure) => park(tp, record, failure.error))
+      (failure) => Effect.flatMap(errorOf(failure), (failure) => park(pending, tp, record, failure.error))
     )
   }
 
   const salvage = (
+    pending: Pending,
     records: Chunk.Chunk<ConsumerRecord>,
     tp: TopicPartition.TopicPartition,
     failure: HandlerFailure<E>
@@ -238,10 +274,10 @@ export const makeRouter = <E, R>(
         records,
         (record, i) =>
           mode === "once"
-            ? park(tp, record, failure.error, i === 0)
+            ? park(pending, tp, record, failure.error, i === 0)
             : Effect.matchEffect(counted(tp, Chunk.of(record), work(Chunk.of(record), tp)), {
               onSuccess: () => handled(tp, record.offset),
-              onFailure: (again) => Effect.flatMap(errorOf(again), (again) => single(record, tp, again))
+              onFailure: (again) => Effect.flatMap(errorOf(again), (again) => single(pending, record, tp, again))
             }),
         { discard: true }
       )
@@ -254,9 +290,9 @@ export const makeRouter = <E, R>(
       ? Effect.void
       : failure.handledBefore
       ? handled(tp, Chunk.unsafeGet(records, at.value - 1).offset)
-      : inPlace(Chunk.take(records, at.value), tp)
-    const routed = Effect.zipRight(before, single(record, tp, failure))
-    return Chunk.isEmpty(rest) ? routed : Effect.zipRight(routed, inPlace(rest, tp))
+      : inPlaceIn(pending, Chunk.take(records, at.value), tp)
+    const routed = Effect.zipRight(before, single(pending, record, tp, failure))
+    return Chunk.isEmpty(rest) ? routed : Effect.zipRight(routed, inPlaceIn(pending, rest, tp))
   }
 
   // rerun: records marked in an earlier attempt of their unit are routed; the others are handled.
@@ -265,24 +301,26 @@ export const makeRouter = <E, R>(
     if (state === undefined || state.poisoned.size === 0) {
       return Effect.zipLeft(counted(tp, records, work(records, tp)), handled(tp, lastOf(records)))
     }
-    const steps: Array<Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>> = []
-    let run: Array<ConsumerRecord> = []
-    const flush = () => {
-      if (run.length === 0) return
-      const part = Chunk.unsafeFromArray(run)
-      steps.push(Effect.zipLeft(counted(tp, part, work(part, tp)), handled(tp, lastOf(part))))
-      run = []
-    }
-    for (const record of records) {
-      if (state.poisoned.has(record.offset)) {
-        flush()
-        steps.push(park(tp, record, state.poisoned.get(record.offset)))
-      } else {
-        run.push(record)
+    return withPending((pending) => Effect.suspend(() => {
+      const steps: Array<Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>> = []
+      let run: Array<ConsumerRecord> = []
+      const flush = () => {
+        if (run.length === 0) return
+        const part = Chunk.unsafeFromArray(run)
+        steps.push(Effect.zipLeft(counted(tp, part, work(part, tp)), handled(tp, lastOf(part))))
+        run = []
       }
-    }
-    flush()
-    return Effect.forEach(steps, (step) => step, { discard: true })
+      for (const record of records) {
+        if (state.poisoned.has(record.offset)) {
+          flush()
+          steps.push(park(pending, tp, record, state.poisoned.get(record.offset)))
+        } else {
+          run.push(record)
+        }
+      }
+      flush()
+      return Effect.forEach(steps, (step) => step, { discard: true })
+    }))
   }
 
   return {
