@@ -50,7 +50,12 @@ const ISOLATION_LEVELS: ReadonlyArray<IsolationLevel> = ["read committed", "repe
 export interface Options {
   /** A connection URL, `postgres://user@host:port/database`. */
   readonly url?: string | Redacted.Redacted<string> | undefined
-  /** A client of your own; the store does not end it. */
+  /**
+   * A client of your own; the store does not end it. The store works with `fetch_types: false` on it, which is worth
+   * setting where connections are ended under load and the work passes no JS arrays as parameters: with postgres.js's
+   * default, a connection ended while it reads the server's array types (its first query on every new connection)
+   * fails a promise that nothing awaits, an unhandled rejection that ends a Node process by default.
+   */
   readonly sql?: postgres.Sql | undefined
   /** The table of positions; `kafka_offsets` when omitted. */
   readonly table?: string | undefined
@@ -192,6 +197,12 @@ const decodeStored = Schema.decodeUnknownSync(
   Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String), Schema.NullOr(Schema.String)))
 )
 const decodeText = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String))))
+
+// Array parameters are sent as Postgres array literals in text (`{"a","b"}`, cast in the statement), so that they do
+// not depend on the client having fetched the server's array types: a client given as `sql` may be set up with
+// `fetch_types: false` (see `Options.sql`).
+const arrayLiteral = (values: ReadonlyArray<string | number>): string =>
+  `{${values.map((v) => typeof v === "number" ? String(v) : `"${v.replace(/[\\"]/g, (c) => `\\${c}`)}"`).join(",")}}`
 const decodeColumns = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.String, Schema.Boolean)))
 
 /**
@@ -543,7 +554,7 @@ const make = (
               await client.sql.unsafe(
                 `select topic, partition::text, next_offset::text from ${table}
                  where group_id = $1 and topic = any($2::text[]) and next_offset is not null`,
-                [groupId, topics],
+                [groupId, arrayLiteral(topics)],
                 prepared
               ).values()
             ),
@@ -584,7 +595,7 @@ const make = (
                  on conflict (group_id, topic, partition)
                  do update set epoch = offsets.epoch + 1, updated_at = now()
                  returning topic, partition::text, next_offset::text, epoch::text, finished`,
-                [groupId, unique.map((tp) => tp.topic), unique.map((tp) => tp.partition)],
+                [groupId, arrayLiteral(unique.map((tp) => tp.topic)), arrayLiteral(unique.map((tp) => tp.partition))],
                 prepared
               ).values()
             ),
