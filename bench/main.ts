@@ -63,7 +63,10 @@ const full: Sizes = {
     partitions: 6
   },
   ordering: { records: 20_000, keys: 10_000, partitions: 6, concurrency: 100 },
-  retries: { inMemory: { records: 200_000, partitions: 6 }, kafka: { records: 100_000, partitions: 6 } }
+  retries: {
+    inMemory: { records: 200_000, timedRecords: 12_000, partitions: 6 },
+    kafka: { records: 100_000, timedRecords: 12_000, partitions: 6 }
+  }
 }
 
 const smoke: Sizes = {
@@ -73,7 +76,10 @@ const smoke: Sizes = {
   backlog: { small: 6_000, large: 30_000, partitions: 6, windowMs: 1_500, chunkDelayMs: 500 },
   producer: { throughputRecords: 3_000, valueBytes: [256, 16], fiberRecords: 500, pipelineRecords: 600, partitions: 6 },
   ordering: { records: 600, keys: 100, partitions: 6, concurrency: 20 },
-  retries: { inMemory: { records: 2_000, partitions: 6 }, kafka: { records: 2_000, partitions: 6 } }
+  retries: {
+    inMemory: { records: 2_000, timedRecords: 300, partitions: 6 },
+    kafka: { records: 2_000, timedRecords: 300, partitions: 6 }
+  }
 }
 
 export interface Options {

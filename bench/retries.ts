@@ -3,6 +3,11 @@
  * `FailureRoute.retryTopics(["1 second"], ...)`: a run where 5% of the records fail once (they go to the retry topic
  * and are handled from there a second later) against a run where none fails, same records, same settings. The figure
  * is the main topic's rate: its records handed to the handler per second, whatever became of them.
+ *
+ * Two handlers: one that waits 1 ms per record (a call to a service or a database, as in benchmark 2), where the
+ * target applies: a failed record must not hold its partition up; and one that does nothing, where the route's own
+ * cost per failed record (the failure, the write to the retry topic, reading it back) is all there is to see,
+ * reported with no target.
  */
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
@@ -21,12 +26,18 @@ import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as KafkaJs from "../src/KafkaJs.js"
 import type { Producer } from "../src/Producer.js"
 import { Counter, driverLayer, settings } from "./consumers.js"
-import { type BenchResult, compare, type Plan, ratioAtLeast, type Sample, timed } from "./harness.js"
+import { type BenchResult, compare, type Plan, ratioAtLeast, ratioInfo, type Sample, timed } from "./harness.js"
 
 export interface RetrySizes {
+  /** Records of the run with the handler that does nothing. */
   readonly records: number
+  /** Records of the run with the handler that waits 1 ms per record. */
+  readonly timedRecords: number
   readonly partitions: number
 }
+
+/** What the handler does per record: nothing, or wait 1 ms (on the main topic and the retry topic alike). */
+type Handler = "nothing" | "timer1ms"
 
 const FAILING = 0.05
 const DELAY = "1 second"
@@ -46,12 +57,14 @@ const runOnce = <E>(
   runtime: ManagedRuntime.ManagedRuntime<Driver | Producer, E>,
   topic: string,
   records: number,
-  failing: boolean
+  failing: boolean,
+  handler: Handler
 ): Promise<Sample> =>
   runtime.runPromise(Effect.gen(function*() {
     const done = yield* Deferred.make<void>()
     const counter = new Counter(records, performance.now(), () => Deferred.unsafeDone(done, Exit.void))
     const decoder = new TextDecoder()
+    const work = handler === "timer1ms" ? Effect.sleep(Duration.millis(1)) : Effect.void
     const fiber = yield* Consumer.runEach(
       {
         groupId: fresh("retries"),
@@ -61,11 +74,11 @@ const runOnce = <E>(
         onFailure: FailureRoute.retryTopics([DELAY], { deadLetter: { topic: `${topic}-dlq` }, maxInARow: 1_000 })
       },
       (record) => {
-        if (record.topic !== topic) return Effect.void
+        if (record.topic !== topic) return work
         counter.add(1)
         return failing && decoder.decode(record.value!.subarray(0, 5)) === "fail-"
-          ? Effect.fail(new Refused())
-          : Effect.void
+          ? Effect.zipRight(work, Effect.fail(new Refused()))
+          : work
       }
     ).pipe(
       Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1000, maxInterval: Duration.seconds(1) })),
@@ -76,58 +89,80 @@ const runOnce = <E>(
     return counter.sample()
   }))
 
+/** The topics of a run: the main one, its retry topic and its dead-letter topic. */
+const topicsOf = (topic: string) => [topic, `${topic}-retry-0`, `${topic}-dlq`]
+
 const measure = async <E>(
   plan: Plan,
   runtime: ManagedRuntime.ManagedRuntime<Driver | Producer, E>,
-  topic: string,
+  topics: { readonly nothing: string; readonly timer1ms: string },
   sizes: RetrySizes,
   id: string,
   where: string
 ): Promise<Omit<BenchResult, "elapsedSeconds" | "load">> => {
+  const failingLabel = `${FAILING * 100}% fail once, retried after ${DELAY}`
   const variants = await compare(plan, [
-    { id: "clean", label: "no record fails", run: () => runOnce(runtime, topic, sizes.records, false) },
+    {
+      id: "timed-clean",
+      label: "waits 1 ms per record, no record fails",
+      run: () => runOnce(runtime, topics.timer1ms, sizes.timedRecords, false, "timer1ms")
+    },
+    {
+      id: "timed-failing",
+      label: `waits 1 ms per record, ${failingLabel}`,
+      run: () => runOnce(runtime, topics.timer1ms, sizes.timedRecords, true, "timer1ms")
+    },
+    {
+      id: "clean",
+      label: "does nothing, no record fails",
+      run: () => runOnce(runtime, topics.nothing, sizes.records, false, "nothing")
+    },
     {
       id: "failing",
-      label: `${FAILING * 100}% fail once, retried after ${DELAY}`,
-      run: () => runOnce(runtime, topic, sizes.records, true)
+      label: `does nothing, ${failingLabel}`,
+      run: () => runOnce(runtime, topics.nothing, sizes.records, true, "nothing")
     }
   ])
   return {
     id,
-    title: `10. Retry topics, ${where}: ${sizes.records.toLocaleString("en-US")} records, ${sizes.partitions} ` +
+    title: `10. Retry topics, ${where}: ${sizes.timedRecords.toLocaleString("en-US")} records with a handler ` +
+      `that waits 1 ms, ${sizes.records.toLocaleString("en-US")} with one that does nothing, ${sizes.partitions} ` +
       "partitions, the main topic's rate",
     unit: "records/s",
     warmup: plan.warmup,
     rounds: plan.rounds,
     variants,
-    checks: [ratioAtLeast(variants, "failing", "clean", 0.9)],
+    checks: [
+      ratioAtLeast(variants, "timed-failing", "timed-clean", 0.9),
+      ratioInfo(variants, "failing", "clean")
+    ],
     notes: [
-      `runEach under commitAfter with FailureRoute.retryTopics(["${DELAY}"]), no handler retries; in the failing run ` +
+      `runEach under commitAfter with FailureRoute.retryTopics(["${DELAY}"]), no handler retries; in the failing runs ` +
       "every twentieth record fails on the main topic and is written to the retry topic (acks all), to be handled " +
-      "from there once due; the figure counts the main topic's records handed to the handler, after the first"
+      "from there once due; the figure counts the main topic's records handed to the handler, after the first",
+      "the handler that does nothing shows what the route costs per failed record, on one thread with the consumer: " +
+      "failing/clean there is the price of 5% failures when handling a record costs nothing at all"
     ]
   }
 }
 
-const createTopics = (create: (topic: string, partitions: number) => Effect.Effect<void, unknown>, topic: string, partitions: number) =>
-  Effect.forEach([topic, `${topic}-retry-0`, `${topic}-dlq`], (t) => create(t, partitions), { discard: true })
+const produced = (i: number, partitions: number) => ({ value: valueOf(i), partition: i % partitions })
 
 /** 10a. On the in-memory broker. */
 export const retriesInMemory = (plan: Plan, sizes: RetrySizes): Promise<BenchResult> =>
   timed(async () => {
-    plan.log(`10. retry topics, in-memory broker, ${sizes.records.toLocaleString("en-US")} records`)
+    plan.log(`10. retry topics, in-memory broker`)
     const runtime = ManagedRuntime.make(Layer.provideMerge(InMemoryKafka.layerProducer(), InMemoryKafka.layer()))
     try {
-      const topic = "retries"
+      const topics = { nothing: "retries", timer1ms: "retries-timed" }
       await runtime.runPromise(Effect.gen(function*() {
         const kafka = yield* InMemoryKafka.InMemoryKafka
-        yield* createTopics(kafka.createTopic, topic, sizes.partitions)
-        yield* kafka.produce(
-          topic,
-          Array.from({ length: sizes.records }, (_, i) => ({ value: valueOf(i), partition: i % sizes.partitions }))
-        )
+        for (const [topic, records] of [[topics.nothing, sizes.records], [topics.timer1ms, sizes.timedRecords]] as const) {
+          yield* Effect.forEach(topicsOf(topic), (t) => kafka.createTopic(t, sizes.partitions), { discard: true })
+          yield* kafka.produce(topic, Array.from({ length: records }, (_, i) => produced(i, sizes.partitions)))
+        }
       }))
-      return await measure(plan, runtime, topic, sizes, "retries-inmemory", "in-memory broker")
+      return await measure(plan, runtime, topics, sizes, "retries-inmemory", "in-memory broker")
     } finally {
       await runtime.dispose()
     }
@@ -136,29 +171,31 @@ export const retriesInMemory = (plan: Plan, sizes: RetrySizes): Promise<BenchRes
 /** 10b. On the real broker. */
 export const retriesKafka = (plan: Plan, brokers: string, sizes: RetrySizes): Promise<BenchResult> =>
   timed(async () => {
-    plan.log(`10. retry topics, real broker, ${sizes.records.toLocaleString("en-US")} records`)
-    const topic = fresh("retries")
+    plan.log(`10. retry topics, real broker`)
+    const topics = { nothing: fresh("retries"), timer1ms: fresh("retries-timed") }
     const kafka = new Kafka({ clientId: "bench-retries", brokers: brokers.split(","), logLevel: logLevel.NOTHING })
     const runtime = ManagedRuntime.make(Layer.orDie(Layer.merge(
       driverLayer(brokers),
       KafkaJs.layerProducer({ brokers: brokers.split(","), clientId: "bench-retries", logLevel: "error" })
     )))
     try {
-      await runtime.runPromise(createTopics((t, n) => KafkaJs.createTopic(brokers, t, n), topic, sizes.partitions))
       const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, allowAutoTopicCreation: false })
       await producer.connect()
       try {
-        for (let at = 0; at < sizes.records; at += 5_000) {
-          const messages = []
-          for (let i = at; i < Math.min(sizes.records, at + 5_000); i++) {
-            messages.push({ value: valueOf(i), partition: i % sizes.partitions })
+        for (const [topic, records] of [[topics.nothing, sizes.records], [topics.timer1ms, sizes.timedRecords]] as const) {
+          await runtime.runPromise(
+            Effect.forEach(topicsOf(topic), (t) => KafkaJs.createTopic(brokers, t, sizes.partitions), { discard: true })
+          )
+          for (let at = 0; at < records; at += 5_000) {
+            const messages = []
+            for (let i = at; i < Math.min(records, at + 5_000); i++) messages.push(produced(i, sizes.partitions))
+            await producer.send({ topic, acks: 1, messages })
           }
-          await producer.send({ topic, acks: 1, messages })
         }
       } finally {
         await producer.disconnect()
       }
-      return await measure(plan, runtime, topic, sizes, "retries-kafka", "real broker")
+      return await measure(plan, runtime, topics, sizes, "retries-kafka", "real broker")
     } finally {
       await runtime.dispose()
     }

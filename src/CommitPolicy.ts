@@ -54,6 +54,12 @@ export interface PolicyContext {
   readonly fork: (effect: Effect.Effect<void, PolicyError>) => Effect.Effect<void>
   /** How long commits may keep failing with retriable errors before the consumer ends with the last one. */
   readonly reconnectTimeout: Duration.Duration
+  /**
+   * Waits until every write of the failure route (`onFailure`) started so far is acknowledged: `true`; `false` when
+   * one failed, and then the consumer ends with its `ProduceFailed` and nothing may be committed past it. A policy
+   * that sets `awaitsRoutes` calls it before each commit, once it has taken the positions that commit carries.
+   */
+  readonly routed: Effect.Effect<boolean>
 }
 
 /**
@@ -158,6 +164,12 @@ export interface PolicyInstance {
    * (a Kafka transaction). Then a routed record is written again each time its unit runs; else once.
    */
   readonly unitHoldsWrites?: boolean
+  /**
+   * Under `"inPlace"`: whether every commit of the policy first waits for the route's writes (`context.routed`). Then
+   * a unit does not wait for the writes it started: its next records are handled while they are in flight. Without
+   * it, each unit waits for its own writes before it ends.
+   */
+  readonly awaitsRoutes?: boolean
   /** The partitions are being revoked: commit or store their final positions now. */
   readonly revoke: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void, PolicyError>
   /** The partitions are already gone: forget what was pending for them. */

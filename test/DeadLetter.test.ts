@@ -4,6 +4,7 @@
 import { assert, describe, expectTypeOf, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
+import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
@@ -231,7 +232,7 @@ describe("the dead-letter route", () => {
     Effect.gen(function*() {
       yield* seed
       const fiber = yield* Effect.fork(
-        Consumer.runEach(settings, Consumer.decoded({ value: Codec.json(Order) }, (record) =>
+        Consumer.runEach({ ...settings, retry: Schedule.recurs(0) }, Consumer.decoded({ value: Codec.json(Order) }, (record) =>
           record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void)).pipe(
             Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" }))
           )
@@ -292,6 +293,64 @@ describe("the dead-letter route", () => {
       const committed = (yield* InMemoryKafka.committed("g")).positions.get(`${source}-0`)
       assert.isTrue(committed === undefined || committed <= 4n, `committed ${committed}: past the record not routed`)
     }).pipe(Effect.provide(env)))
+
+  // Under commitAfter a unit does not wait for its dead letters: the commit does, once it has taken its positions.
+  // The dead-letter writes here wait for a gate; while they wait, no commit passes the record.
+  const gatedDeadLetters = (gate: Deferred.Deferred<void, ProduceFailed>) =>
+    Layer.effect(
+      Producer.Producer,
+      Effect.map(Producer.Producer, (producer) => ({
+        ...producer,
+        send: (record: Producer.ProducerRecord) =>
+          record.topic === dlq ? Effect.zipRight(Deferred.await(gate), producer.send(record)) : producer.send(record)
+      }))
+    ).pipe(Layer.provideMerge(env))
+
+  for (const outcome of ["acknowledged", "refused"] as const) {
+    it.live(`commitAfter: the position passes a dead-lettered record only once its write is acknowledged (${outcome})`, () =>
+      Effect.gen(function*() {
+        const gate = yield* Deferred.make<void, ProduceFailed>()
+        const run = Effect.gen(function*() {
+          yield* seed
+          const handled: Array<number> = []
+          const consumer = yield* Consumer.runEach(
+            { ...settings, retry: Schedule.recurs(0) },
+            Consumer.decoded({ key: Codec.string, value: Codec.json(Order) }, (record) =>
+              record.value.item === "refused"
+                ? Effect.fail(new Refused({ id: record.value.id }))
+                : Effect.sync(() => handled.push(record.value.id)))
+          ).pipe(
+            Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "10 millis" })),
+            Effect.flip,
+            Effect.fork
+          )
+          yield* waitFor("the good records", () => handled.length === produced - poisonOffsets.length)
+          // Every record is handled and the commit is due: given every chance to run, it does not land.
+          const committed = Effect.map(InMemoryKafka.committed("g"), (batch) => batch.positions.get(`${source}-0`))
+          for (let turn = 0; turn < 2_000; turn++) yield* Effect.yieldNow()
+          assert.strictEqual(yield* committed, undefined, "committed past a dead letter not yet acknowledged")
+          assert.isTrue((yield* Fiber.poll(consumer))._tag === "None")
+          if (outcome === "acknowledged") {
+            yield* Deferred.succeed(gate, undefined)
+            yield* untilCommitted(produced)
+            assert.deepStrictEqual(
+              (yield* deadLetters).map((r) => textOf(r, "dead-letter-offset")),
+              poisonOffsets.map(String)
+            )
+            yield* Fiber.interrupt(consumer)
+          } else {
+            yield* Deferred.fail(gate, new ProduceFailed({ reason: "Other", topic: dlq, detail: "refused by the test" }))
+            const failure = yield* Fiber.join(consumer)
+            assert.instanceOf(failure, ProduceFailed)
+            assert.strictEqual(yield* committed, undefined, "committed past a dead letter that was refused")
+            assert.deepStrictEqual(yield* deadLetters, [])
+          }
+        })
+        // Whatever the outcome, the gate opens before the consumer is stopped: a write still waiting for it would
+        // hold the consumer's shutdown for as long as a reconnect may take.
+        yield* run.pipe(Effect.ensuring(Deferred.succeed(gate, undefined)), Effect.provide(gatedDeadLetters(gate)))
+      }))
+  }
 
   it.live("atMostOnce: the handler runs once per record; a failed one is dead-lettered at once", () =>
     Effect.gen(function*() {

@@ -156,10 +156,15 @@ const makeCommitter = (context: PolicyContext) =>
         tracked = new Map()
         count = 0
         const partitions = partitionsOf(positions)
-        return andThen(
-          context.crashAt("beforeCommit", partitions),
-          andThen(context.guard(attempt(positions, metadata, final)), context.crashAt("afterCommit", partitions))
-        )
+        // The route's writes of records these positions pass were started before the positions were taken: each is
+        // acknowledged before the commit, or nothing is committed (the consumer ends with the write's failure).
+        return Effect.flatMap(context.routed, (acknowledged) =>
+          acknowledged
+            ? andThen(
+              context.crashAt("beforeCommit", partitions),
+              andThen(context.guard(attempt(positions, metadata, final)), context.crashAt("afterCommit", partitions))
+            )
+            : Effect.void)
       }))
 
     const noneFinal: ReadonlySet<string> = new Set()
@@ -311,6 +316,7 @@ export const autoCommit = (
     const every = Duration.toMillis(interval)
     return {
       name: "autoCommit",
+      awaitsRoutes: true,
       assign: (partitions) =>
         Effect.zipRight(committer.assign(partitions), kafkaStartPositions(context.session, partitions)),
       delivered: (partition, next) =>
@@ -375,6 +381,7 @@ export const commitAfter = (
     const finishedBefore = finishedRanges()
     return {
       name: "commitAfter",
+      awaitsRoutes: true,
       assign: (partitions) =>
         Effect.zipRight(
           committer.assign(partitions),

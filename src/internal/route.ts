@@ -1,11 +1,14 @@
+import * as Cause from "effect/Cause"
 import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
+import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
 import { deadLetterRecord } from "../FailureRoute.js"
-import { CircuitOpen, DecodeFailed, type ProduceFailed } from "../KafkaError.js"
+import { CircuitOpen, DecodeFailed, ProduceFailed } from "../KafkaError.js"
 import { Producer } from "../Producer.js"
 import * as TopicPartition from "../TopicPartition.js"
 
@@ -51,6 +54,59 @@ export class HandlerFailure<E> {
 
 /** The route's writes a unit started, which it waits for before it ends. */
 type Pending = Array<Fiber.RuntimeFiber<void, RouteFailure>>
+
+/**
+ * The route's writes in flight apart from the units that started them, under a policy whose commits wait for them
+ * (`PolicyInstance.awaitsRoutes`): a unit goes on, and a commit, once it has taken the positions it carries, waits
+ * for every write started so far. A write that failed stays failed: no later commit passes it.
+ */
+export interface SideWrites {
+  /** Starts a write in a fiber of its own, which outlives the unit. */
+  readonly start: (write: Effect.Effect<void, RouteFailure>) => Effect.Effect<void>
+  /** Waits for every write started so far: `undefined` when all were acknowledged, else the first failure. */
+  readonly settled: Effect.Effect<RouteFailure | undefined>
+  /**
+   * When the session has ended (after its last commit): lets the writes still in flight end, for up to `patience`,
+   * so that a record routed just before a failure ended the consumer is not left half-sent; then stops the rest.
+   */
+  readonly close: (patience: Duration.Duration) => Effect.Effect<void>
+}
+
+export const makeSideWrites = (): SideWrites => {
+  const inFlight = new Set<Fiber.RuntimeFiber<void, RouteFailure>>()
+  let failed: RouteFailure | undefined
+  const settle = (fiber: Fiber.RuntimeFiber<void, RouteFailure>) =>
+    Effect.map(Fiber.await(fiber), (exit) => {
+      inFlight.delete(fiber)
+      if (Exit.isSuccess(exit)) return
+      const failure = Cause.failureOption(exit.cause)
+      failed ??= Option.isSome(failure) ? failure.value : new RouteFailure(new ProduceFailed({
+        reason: "Other",
+        topic: "",
+        detail: `the write ended without an answer: ${Cause.pretty(exit.cause)}`
+      }))
+    })
+  return {
+    start: (write) =>
+      Effect.flatMap(Effect.forkDaemon(write), (fiber) =>
+        Effect.sync(() => {
+          inFlight.add(fiber)
+        })),
+    settled: Effect.suspend(() => {
+      if (inFlight.size === 0 || failed !== undefined) return Effect.succeed(failed)
+      return Effect.map(Effect.forEach(Array.from(inFlight), settle, { discard: true }), () => failed)
+    }),
+    close: (patience) =>
+      Effect.suspend(() => {
+        if (inFlight.size === 0) return Effect.void
+        const fibers = Array.from(inFlight)
+        return Effect.zipRight(
+          Effect.timeoutOption(Effect.forEach(fibers, Fiber.await, { discard: true }), patience),
+          Fiber.interruptAll(fibers)
+        )
+      })
+  }
+}
 
 /** The route itself failed: the dead-letter write, or the circuit opened. Neither retried nor routed. */
 export class RouteFailure {
@@ -112,8 +168,11 @@ export const makeRouter = <E, R>(
   mode: Mode,
   unitHoldsWrites: boolean,
   work: Work<E, R>,
-  retry: <E2, R2>(effect: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
+  retry: <E2, R2>(effect: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>,
+  /** Under `inPlace`, when the policy's commits wait for the writes: units do not. */
+  side?: SideWrites
 ): Router<E, R> => {
+  const apart = mode === "inPlace" ? side : undefined
   const partitions = new Map<string, PartitionRoute>()
   /** Failed attempts of records not handled or routed yet, by partition key and offset. */
   const attempts = new Map<string, number>()
@@ -154,7 +213,7 @@ export const makeRouter = <E, R>(
   /**
    * Routes a record: the circuit is checked at once, and the write is started in a fiber of its own, added to
    * `pending`, so that the unit goes on with its next records meanwhile; the unit ends only once every write it
-   * started is acknowledged (`settled`).
+   * started is acknowledged. Under a policy whose commits wait for the writes, it is started apart (`SideWrites`).
    */
   const park = (
     pending: Pending,
@@ -200,22 +259,29 @@ export const makeRouter = <E, R>(
           Effect.suspend(() => {
             attempts.delete(id)
             if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
-            return Effect.logWarning(
+            // A record parked in a retry topic is expected to pass later: only a dead letter asks for attention.
+            const log = written.topic === settings.topic ? Effect.logWarning : Effect.logDebug
+            return log(
               `${k}@${record.offset} failed ${tries} time(s) and was routed to ${written.topic}-` +
                 `${written.partition}@${written.offset}`
             )
           })
         )
       )
+      if (apart !== undefined) return apart.start(write)
       return Effect.flatMap(Effect.fork(write), (fiber) =>
         Effect.sync(() => {
           pending.push(fiber)
         }))
     })
 
-  /** Runs a unit's work with the route's writes it starts, and waits for them all before the unit ends. */
+  /**
+   * Runs a unit's work with the route's writes it starts, and waits for them all before the unit ends (unless the
+   * commits wait for them instead).
+   */
   const withPending = <A, E2, R2>(body: (pending: Pending) => Effect.Effect<A, E2, R2>) =>
     Effect.suspend(() => {
+      if (apart !== undefined) return body([])
       const pending: Pending = []
       return body(pending).pipe(
         Effect.zipLeft(Effect.suspend(() => Effect.forEach(pending, Fiber.join, { discard: true }))),

@@ -40,6 +40,7 @@ import {
   makeRouter,
   retryable,
   retryStepOf,
+  makeSideWrites,
   RouteFailure,
   type RouteSettings,
   type Work
@@ -278,13 +279,26 @@ const runSession = <E, R, EH, RH>(
     const fork = (effect: Effect.Effect<void, PolicyError>) =>
       effect.pipe(Effect.catchAllCause(report), Effect.forkIn(sessionScope), Effect.asVoid)
 
+    // The route's writes that units do not wait for, under a policy whose commits do. Added before the revoke on
+    // shutdown, this finalizer runs after it: that revoke's commit waits for the writes; any still in flight (the
+    // consumer ended without committing them) are let end, for as long as a reconnect could take.
+    const sideWrites = makeSideWrites()
+    yield* Effect.addFinalizer(() => crashed ? sideWrites.close(Duration.zero) : sideWrites.close(config.reconnectTimeout))
+    const acknowledged: Effect.Effect<boolean> = config.route === undefined
+      ? Effect.succeed(true)
+      : Effect.flatMap(sideWrites.settled, (failed) =>
+        failed === undefined
+          ? Effect.succeed(true)
+          : Effect.as(Deferred.fail(failure, failed.error as RouteError<E>), false))
+
     const policyContext: PolicyContext = {
       groupId: config.session.groupId,
       session,
       crashAt,
       guard,
       fork,
-      reconnectTimeout: config.reconnectTimeout
+      reconnectTimeout: config.reconnectTimeout,
+      routed: acknowledged
     }
     const policy: PolicyInstance = yield* env.commitPolicy.make(policyContext)
     const owned = new Map<string, PartitionState>()
@@ -306,7 +320,14 @@ const runSession = <E, R, EH, RH>(
     // With a failure route, records that keep failing are routed instead of ending the consumer.
     const router = config.route === undefined
       ? undefined
-      : makeRouter(config.route, policy.failedRecords ?? "inPlace", policy.unitHoldsWrites === true, work, retry)
+      : makeRouter(
+        config.route,
+        policy.failedRecords ?? "inPlace",
+        policy.unitHoldsWrites === true,
+        work,
+        retry,
+        policy.awaitsRoutes === true ? sideWrites : undefined
+      )
     const routed = router === undefined ? work : router.work
     const rerun = router !== undefined && policy.failedRecords === "rerun" ? router : undefined
 
