@@ -60,6 +60,18 @@ export interface PolicyContext {
    * that sets `awaitsRoutes` calls it before each commit, once it has taken the positions that commit carries.
    */
   readonly routed: Effect.Effect<boolean>
+  /**
+   * Wraps a unit the policy writes itself, a transaction of an offset store (`"store"`) or a Kafka transaction
+   * (`"transaction"`), that moves `partition`'s position to `next` when it commits: with `Observability.layer`, the
+   * unit is counted, timed and traced (a fenced one counted as such), and its position is what the partition's lag
+   * counts from. Without it, `unit` is returned as it is. Commits through `session.commit` are observed already.
+   */
+  readonly observe: <A, E, R>(
+    kind: "store" | "transaction",
+    partition: TopicPartition,
+    next: bigint,
+    unit: Effect.Effect<A, E, R>
+  ) => Effect.Effect<A, E, R>
 }
 
 /**

@@ -82,6 +82,13 @@ export * as KafkaJs from "./KafkaJs.js"
 export * as OffsetBatch from "./OffsetBatch.js"
 
 /**
+ * Metrics, spans, consumer lag and trace context, with Effect's `Metric` and `Tracer`.
+ *
+ * @since 0.1.0
+ */
+export * as Observability from "./Observability.js"
+
+/**
  * The offset store service, with memory and file layers.
  *
  * @since 0.1.0

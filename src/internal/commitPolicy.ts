@@ -456,11 +456,16 @@ export const transactionalLayer = (
                 if (epoch === undefined) return
                 yield* context.crashAt("beforeHandler", [partition])
                 const unit = { groupId: context.groupId, partition, epoch, next, finished }
-                yield* retry(context.guard(store.commit(
-                  unit,
-                  work.pipe(
-                    Effect.zipLeft(context.crashAt("afterHandler", [partition])),
-                    Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
+                yield* retry(context.guard(context.observe(
+                  "store",
+                  partition,
+                  next,
+                  store.commit(
+                    unit,
+                    work.pipe(
+                      Effect.zipLeft(context.crashAt("afterHandler", [partition])),
+                      Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
+                    )
                   )
                 )))
                 yield* context.crashAt("afterCommit", [partition])
@@ -587,7 +592,9 @@ export const kafkaTransactionalLayer = (
                 )
                 const attempt = Effect.suspend(() => {
                   const o = owned.get(k)
-                  return o === undefined ? Effect.void : o.producer.transaction(body, { offsets })
+                  return o === undefined
+                    ? Effect.void
+                    : context.observe("transaction", partition, next, o.producer.transaction(body, { offsets }))
                 })
                 // An unsettled transaction is settled by starting the partition's producer anew: then the committed
                 // position says whether it committed.

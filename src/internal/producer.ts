@@ -1,6 +1,6 @@
 import * as Cause from "effect/Cause"
 import * as Clock from "effect/Clock"
-import type * as Context from "effect/Context"
+import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -10,6 +10,7 @@ import * as FiberId from "effect/FiberId"
 import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import { ConfigError, ProduceFailed, TransactionFailed } from "../KafkaError.js"
+import { Observability } from "../Observability.js"
 import {
   Producer,
   type ProducerRecord,
@@ -21,6 +22,7 @@ import {
 } from "../Producer.js"
 import { positiveDuration } from "./config.js"
 import { partitionOfKey } from "./murmur2.js"
+import * as telemetry from "./telemetry.js"
 import { utf8Encode, utf8Length } from "./utf8.js"
 
 /**
@@ -526,14 +528,22 @@ export const make = (
       return Effect.succeed(out)
     }
 
+    // With observability (looked up in the caller's context), a send is counted, timed and traced.
     const send: Context.Tag.Service<typeof Producer>["send"] = (record) =>
-      Effect.suspend(() => Effect.flatMap(submit([record]).await, answerOne))
+      Effect.contextWithEffect((context: Context.Context<never>) => {
+        const observability = Context.getOption(context, Observability)
+        if (Option.isNone(observability)) return Effect.flatMap(submit([record]).await, answerOne)
+        return telemetry.send(observability.value, clock, [record], submit, answerOne)
+      })
 
     // The records are copied into an array of the producer's own: the caller may reuse its array once the call is made.
     const sendAll: Context.Tag.Service<typeof Producer>["sendAll"] = (records) =>
-      Effect.suspend(() =>
-        Effect.flatMap(submit(Array.isArray(records) ? records.slice() : Array.from(records)).await, answerAll)
-      )
+      Effect.contextWithEffect((context: Context.Context<never>) => {
+        const own = Array.isArray(records) ? records.slice() : Array.from(records)
+        const observability = Context.getOption(context, Observability)
+        if (Option.isNone(observability)) return Effect.flatMap(submit(own).await, answerAll)
+        return telemetry.send(observability.value, clock, own, submit, answerAll)
+      })
 
     const flush: Effect.Effect<void> = Effect.suspend(() => {
       const waiting = new Set<Group>()
@@ -622,6 +632,7 @@ export const inTransaction = <A, E, R>(
 ): Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer>> =>
   Effect.uninterruptibleMask((restore) =>
     Effect.gen(function*() {
+      const observability = Option.getOrUndefined(yield* Effect.serviceOption(Observability))
       const session = yield* client.begin
       let failed: ProduceFailed | undefined
       const write = (batch: ReadonlyArray<ProducerRecord>) =>
@@ -641,10 +652,12 @@ export const inTransaction = <A, E, R>(
       if (failed !== undefined) unclean()
       if (Exit.isFailure(exit)) {
         yield* Effect.ignore(session.abort)
+        telemetry.transactionEnded(observability, "aborted")
         return yield* Effect.failCause(exit.cause)
       }
       if (failed !== undefined) {
         yield* Effect.ignore(session.abort)
+        telemetry.transactionEnded(observability, "aborted")
         return yield* transactionFailed(
           client.transactionalId,
           "commit",
@@ -660,8 +673,10 @@ export const inTransaction = <A, E, R>(
       if (Exit.isFailure(committed)) {
         unclean()
         yield* Effect.ignore(session.abort)
+        telemetry.transactionEnded(observability, "aborted")
         return yield* Effect.failCause(committed.cause)
       }
+      telemetry.transactionEnded(observability, "committed")
       return exit.value
     })
   )

@@ -170,7 +170,9 @@ export const makeRouter = <E, R>(
   work: Work<E, R>,
   retry: <E2, R2>(effect: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>,
   /** Under `inPlace`, when the policy's commits wait for the writes: units do not. */
-  side?: SideWrites
+  side?: SideWrites,
+  /** Told of each record written to a retry or dead-letter topic. */
+  onRouted?: (partition: TopicPartition.TopicPartition, topic: string) => void
 ): Router<E, R> => {
   const apart = mode === "inPlace" ? side : undefined
   const partitions = new Map<string, PartitionRoute>()
@@ -258,6 +260,7 @@ export const makeRouter = <E, R>(
         Effect.flatMap((written) =>
           Effect.suspend(() => {
             attempts.delete(id)
+            onRouted?.(tp, written.topic)
             if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
             // A record parked in a retry topic is expected to pass later: only a dead letter asks for attention.
             const log = written.topic === settings.topic ? Effect.logWarning : Effect.logDebug

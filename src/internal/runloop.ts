@@ -29,6 +29,7 @@ import {
   TransactionFailed,
   WorkerStuck
 } from "../KafkaError.js"
+import { metrics, Observability, type PartitionLag } from "../Observability.js"
 import { Fenced } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
 import { concurrently, keyText, type Ordering } from "./ordering.js"
@@ -45,6 +46,7 @@ import {
   type RouteSettings,
   type Work
 } from "./route.js"
+import { type ConsumerTelemetry, makeConsumer } from "./telemetry.js"
 
 /** Where a partition starts when it has no position, or one outside its log. */
 export type OffsetReset = "earliest" | "latest" | "none"
@@ -161,6 +163,59 @@ const within = <A, E, R>(effect: Effect.Effect<A, E, R>, duration: Duration.Dura
 
 const keysOf = (states: ReadonlyArray<PartitionState>) => states.map((s) => s.key).join(", ")
 
+/** The records of a unit's parts, in order. */
+function* recordsOf(parts: ReadonlyArray<Chunk.Chunk<ConsumerRecord>>): Generator<ConsumerRecord> {
+  for (const part of parts) yield* part
+}
+
+/**
+ * With observability: at once and then every `lagInterval`, on a fiber of its own (off the poll loop), the owned
+ * partitions' latest offsets against the positions committed or stored, as the lag gauges and a snapshot; the
+ * buffered records and paused partitions are sampled with them. When the session ends, a snapshot that owns nothing.
+ */
+const lagReports = (
+  telemetry: ConsumerTelemetry,
+  session: DriverSession,
+  owned: ReadonlyMap<string, PartitionState>,
+  scope: Scope.Scope
+): Effect.Effect<void> => {
+  const { settings } = telemetry
+  const snapshot = (partitions: ReadonlyArray<PartitionLag>) =>
+    settings.report({
+      groupId: telemetry.groupId,
+      memberId: session.memberId,
+      at: telemetry.clock.unsafeCurrentTimeMillis(),
+      partitions
+    })
+  const report = Effect.suspend(() => {
+    const states = Array.from(owned.values()).filter((s) => !s.stopping)
+    if (states.length === 0) return snapshot([])
+    return Effect.flatMap(session.offsets(states.map((s) => s.tp)), (latest) => {
+      const partitions: Array<PartitionLag> = []
+      let paused = 0
+      for (const state of states) {
+        if (state.paused) paused++
+        const offsets = latest.get(state.key)
+        if (offsets === undefined) continue
+        const position = telemetry.positions.get(state.key) ?? offsets.latest
+        const lag = offsets.latest > position ? offsets.latest - position : 0n
+        partitions.push({ ...state.tp, position, latest: offsets.latest, lag })
+        if (settings.metrics) {
+          const { labels } = telemetry.partition(state.tp).set
+          metrics.lag.unsafeUpdate(Number(lag), labels)
+          metrics.bufferedRecords.unsafeUpdate(state.outstanding, labels)
+        }
+      }
+      if (settings.metrics) metrics.pausedPartitions.unsafeUpdate(paused, telemetry.group.labels)
+      return snapshot(partitions)
+    })
+  }).pipe(Effect.catchAll((error) => Effect.logDebug("the partitions' latest offsets could not be read for the lag", error)))
+  return Effect.zipRight(
+    Scope.addFinalizer(scope, snapshot([])),
+    Effect.asVoid(Effect.forkIn(Effect.repeat(report, Schedule.spaced(settings.lagInterval)), scope))
+  )
+}
+
 /**
  * Runs a consumer until it fails or is interrupted. A session (one membership of the group) has one fiber that polls
  * the driver and owns assignment; each partition has a worker fiber in a scope of its own that ends on revoke; the
@@ -171,6 +226,29 @@ export const run = <E, R, EH, RH>(
   config: Resolved,
   work: Work<E, R>,
   hooks: Hooks<EH, RH>
+): Effect.Effect<
+  never,
+  RunError | HandlerFailed<E> | RouteError<E> | EH,
+  Driver | CommitPolicy | R | Exclude<RH, Scope.Scope>
+> =>
+  Effect.flatMap(Effect.serviceOption(Observability), (observability) => {
+    const body = consume(config, work, hooks, observability)
+    if (Option.isNone(observability) || !observability.value.spans) return body
+    return Effect.withSpan(body, "kafka.consumer", {
+      attributes: {
+        "messaging.system": "kafka",
+        "messaging.consumer.group.name": config.session.groupId,
+        "messaging.client.id": config.session.clientId
+      },
+      captureStackTrace: false
+    })
+  })
+
+const consume = <E, R, EH, RH>(
+  config: Resolved,
+  work: Work<E, R>,
+  hooks: Hooks<EH, RH>,
+  observability: Option.Option<Context.Tag.Service<typeof Observability>>
 ): Effect.Effect<
   never,
   RunError | HandlerFailed<E> | RouteError<E> | EH,
@@ -194,6 +272,7 @@ export const run = <E, R, EH, RH>(
       commitPolicy,
       faults,
       abandoned,
+      observability,
       permits: Permits.make(config.concurrency),
       connected: () => {
         backoff = undefined
@@ -227,6 +306,8 @@ interface Environment {
   readonly commitPolicy: Context.Tag.Service<CommitPolicy>
   readonly faults: Option.Option<Context.Tag.Service<Faults>>
   readonly abandoned: Map<string, Fiber.RuntimeFiber<void>>
+  /** When provided: metrics, spans and lag. */
+  readonly observability: Option.Option<Context.Tag.Service<typeof Observability>>
   /** Bounds the handler calls in flight over all partitions under `key` and `unordered` ordering. */
   readonly permits: Permits.Permits
   /** The session polled: the cluster can be reached. */
@@ -235,7 +316,7 @@ interface Environment {
 
 const runSession = <E, R, EH, RH>(
   config: Resolved,
-  work: Work<E, R>,
+  handler: Work<E, R>,
   hooks: Hooks<EH, RH>,
   env: Environment
 ): Effect.Effect<never, RunError | HandlerFailed<E> | RouteError<E> | EH | Reconnect | Rejoin, R | Exclude<RH, Scope.Scope>> =>
@@ -247,6 +328,13 @@ const runSession = <E, R, EH, RH>(
     const failure = yield* Deferred.make<never, Failure>()
     const sessionScope = yield* Effect.scope
     const session: DriverSession = yield* env.driver.connect(config.session)
+    const telemetry: ConsumerTelemetry | undefined = Option.isNone(env.observability)
+      ? undefined
+      : makeConsumer(env.observability.value, config.session.groupId, yield* Effect.clock)
+    // Handler calls timed and their failures counted, with observability.
+    const work: Work<E, R> = telemetry === undefined || !telemetry.settings.metrics
+      ? handler
+      : (records, tp) => telemetry.call(tp, records, handler(records, tp))
     let crashed = false
     const crashSignal = yield* Deferred.make<void>()
 
@@ -293,12 +381,13 @@ const runSession = <E, R, EH, RH>(
 
     const policyContext: PolicyContext = {
       groupId: config.session.groupId,
-      session,
+      session: telemetry === undefined ? session : telemetry.session(session),
       crashAt,
       guard,
       fork,
       reconnectTimeout: config.reconnectTimeout,
-      routed: acknowledged
+      routed: acknowledged,
+      observe: telemetry === undefined ? (_kind, _partition, _next, unit) => unit : telemetry.unit
     }
     const policy: PolicyInstance = yield* env.commitPolicy.make(policyContext)
     const owned = new Map<string, PartitionState>()
@@ -326,7 +415,8 @@ const runSession = <E, R, EH, RH>(
         policy.unitHoldsWrites === true,
         work,
         retry,
-        policy.awaitsRoutes === true ? sideWrites : undefined
+        policy.awaitsRoutes === true ? sideWrites : undefined,
+        telemetry?.routed
       )
     const routed = router === undefined ? work : router.work
     const rerun = router !== undefined && policy.failedRecords === "rerun" ? router : undefined
@@ -411,11 +501,21 @@ const runSession = <E, R, EH, RH>(
       )
 
     /** A chunk as a unit; `false` when it was left to the partition's next owner. */
-    const kept = (state: PartitionState, records: Chunk.Chunk<ConsumerRecord>, position: bigint) =>
-      processChunk(state, records, position).pipe(
+    const kept = (state: PartitionState, records: Chunk.Chunk<ConsumerRecord>, position: bigint) => {
+      const unit = processChunk(state, records, position).pipe(
         Effect.as(true),
         Effect.catchIf(isGivenUp, () => Effect.succeed(false))
       )
+      if (telemetry === undefined) return unit
+      return telemetry.chunk(
+        state.tp,
+        records,
+        Chunk.size(records),
+        Effect.tap(unit, (done) => {
+          if (done) telemetry.handled(state.tp, Chunk.size(records))
+        })
+      )
+    }
 
     /** Whether the partition is one of the route's retry topics: its records wait until they are due. */
     const retrying = (tp: TopicPartition.TopicPartition) =>
@@ -587,12 +687,17 @@ const runSession = <E, R, EH, RH>(
           if (last !== undefined && last[1] === range[0]) finished[finished.length - 1] = [last[0], range[1]]
           else finished.push(range)
         }
-        return unit(parts, finished, indexes).pipe(
+        const first = unit(parts, finished, indexes)
+        const traced = telemetry === undefined
+          ? first
+          : telemetry.chunk(tp, recordsOf(parts), indexes.length, first)
+        return traced.pipe(
           Effect.as(true),
           Effect.catchIf(isGivenUp, () => Effect.succeed(false)),
           Effect.flatMap((kept) => {
             // Records left to the next owner are not finished here.
             if (!kept) return Effect.void
+            telemetry?.handled(tp, indexes.length)
             for (const index of indexes) progress.finish(index)
             rerun?.passed(tp, progress.position())
             state.outstanding -= indexes.length
@@ -741,6 +846,7 @@ const runSession = <E, R, EH, RH>(
           abandoned.delete(TopicPartition.key(tp))
         }
         const positions = yield* policy.assign(fresh)
+        telemetry?.rebalance("assigned", fresh)
         const ranges = yield* session.offsets(fresh)
         // A partition paused by an earlier owner state must fetch again.
         yield* guard(session.resume(fresh))
@@ -748,6 +854,7 @@ const runSession = <E, R, EH, RH>(
           const key = TopicPartition.key(tp)
           const position = yield* startPosition(tp, positions.get(key), ranges.get(key))
           yield* guard(session.seek(tp, position))
+          telemetry?.started(tp, position)
           // Records an earlier owner finished out of order above the position are not handled again.
           const finishedBefore = policy.finishedOnAssign?.(tp) ?? []
           router?.reset(tp)
@@ -862,6 +969,10 @@ const runSession = <E, R, EH, RH>(
       Effect.gen(function*() {
         const states = ownedStates(partitions)
         if (states.length === 0) return
+        if (telemetry !== undefined) {
+          telemetry.rebalance("revoked", states.map((s) => s.tp))
+          for (const s of states) telemetry.forget(s.tp)
+        }
         yield* Effect.forEach(states, (s) => stopWorker(s, phase), { concurrency: "unbounded", discard: true })
         if (crashed) return
         const committed = yield* Effect.exit(within(policy.revoke(states.map((s) => s.tp)), config.stepTimeout))
@@ -882,6 +993,10 @@ const runSession = <E, R, EH, RH>(
     ): Effect.Effect<void, EH, HookNeeds> =>
       Effect.gen(function*() {
         const states = ownedStates(partitions)
+        if (telemetry !== undefined) {
+          telemetry.rebalance("lost", states.map((s) => s.tp))
+          for (const s of states) telemetry.forget(s.tp)
+        }
         yield* Effect.forEach(states, (s) => interruptWorker(s, phase), { concurrency: "unbounded", discard: true })
         yield* policy.lost(states.map((s) => s.tp))
         yield* closePartitions(states, phase)
@@ -927,6 +1042,7 @@ const runSession = <E, R, EH, RH>(
       // A fetch with nothing to read (a late transaction marker, an aborted transaction) still moves the position:
       // it goes to the worker as an empty chunk, in its place, so that the policy commits or stores it in order.
       state.outstanding += Chunk.size(records)
+      telemetry?.received(state.tp, Chunk.size(records))
       state.queue.unsafeOffer({ records, next: event.next })
       const delivered = policy.delivered(event.partition, event.next)
       if (state.paused || roomFor(state)) return delivered
@@ -1013,6 +1129,8 @@ const runSession = <E, R, EH, RH>(
         )
       })
     )
+
+    if (telemetry !== undefined) yield* lagReports(telemetry, session, owned, sessionScope)
 
     const loop = guard(session.poll).pipe(
       Effect.flatMap((events) => {

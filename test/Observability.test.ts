@@ -1,0 +1,409 @@
+/**
+ * Observability on the in-memory broker: metrics read from Effect's registry, spans from an in-memory tracer, lag
+ * from `Observability.lag`. Every test uses a group and topics of its own: the metric registry is global.
+ */
+import { assert, describe, expectTypeOf, it } from "@effect/vitest"
+import * as Chunk from "effect/Chunk"
+import * as Deferred from "effect/Deferred"
+import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
+import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
+import * as Schedule from "effect/Schedule"
+import * as Stream from "effect/Stream"
+import * as CommitPolicy from "../src/CommitPolicy.js"
+import * as Consumer from "../src/Consumer.js"
+import type { ConsumerRecord } from "../src/ConsumerRecord.js"
+import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import { ConfigError } from "../src/KafkaError.js"
+import * as Observability from "../src/Observability.js"
+import * as OffsetStore from "../src/OffsetStore.js"
+import * as Producer from "../src/Producer.js"
+import * as TopicPartition from "../src/TopicPartition.js"
+import { eventually } from "./support/kit.js"
+import { histogramSum, metricValue, recordingTracer } from "./support/tracing.js"
+
+let seq = 0
+const fresh = (what: string) => `${what}-${++seq}-${crypto.randomUUID().slice(0, 8)}`
+
+const observed = Observability.layer({ lagInterval: "20 millis" })
+
+const produce = (topic: string, partitions: number, perPartition: number, from = 0) =>
+  Effect.forEach(Array.from({ length: partitions }, (_, p) => p), (p) =>
+    InMemoryKafka.produce(
+      topic,
+      Array.from({ length: perPartition }, (_, i) => ({ value: `${p}:${from + i}`, partition: p }))
+    ), { discard: true })
+
+class Boom {
+  readonly _tag = "Boom"
+}
+
+describe("Observability: metrics", () => {
+  it.live("records received and handled, handler calls and their failures, commits: each counted as it happened", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-count")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 3)
+      yield* produce(topic, 3, 100)
+      let calls = 0
+      let records = 0
+      let failedOnce = false
+      const fiber = yield* Consumer.run(
+        { groupId, topics: [topic], maxPollRecords: 25, retry: Schedule.recurs(2) },
+        (chunk, tp) =>
+          Effect.suspend(() => {
+            calls++
+            records += Chunk.size(chunk)
+            if (tp.partition === 1 && !failedOnce) {
+              failedOnce = true
+              return Effect.fail(new Boom())
+            }
+            return Effect.void
+          })
+      ).pipe(
+        Effect.provide(CommitPolicy.commitAfter({ maxBatch: 50, maxInterval: "20 millis" })),
+        Effect.fork
+      )
+      const group = { "messaging.consumer.group.name": groupId }
+      yield* eventually(
+        "every record handled and committed",
+        Effect.zipWith(
+          metricValue("kafka.consumer.handled.records", group),
+          Effect.map(InMemoryKafka.committed(groupId), (batch) =>
+            [...batch.positions.values()].reduce((a, b) => a + b, 0n)),
+          (handled, committed) => handled === 300 && committed === 300n
+        )
+      )
+      assert.strictEqual(yield* metricValue("messaging.client.consumed.messages", group), 300)
+      for (let p = 0; p < 3; p++) {
+        const labels = { ...group, "messaging.destination.name": topic, "messaging.destination.partition.id": String(p) }
+        assert.strictEqual(yield* metricValue("kafka.consumer.handled.records", labels), 100, `partition ${p}`)
+        assert.strictEqual(yield* metricValue("messaging.client.consumed.messages", labels), 100, `partition ${p}`)
+      }
+      // Every handler call is timed, the failed one with its error.type; the chunk sizes add up to what the handler saw.
+      assert.strictEqual(yield* metricValue("messaging.process.duration", group), calls)
+      assert.strictEqual(yield* metricValue("messaging.process.duration", { ...group, "error.type": "Boom" }), 1)
+      assert.strictEqual(yield* metricValue("kafka.consumer.handler.failures", group), 1)
+      assert.strictEqual(
+        yield* metricValue("kafka.consumer.handler.failures", { ...group, "error.type": "Boom" }),
+        1
+      )
+      assert.strictEqual(yield* histogramSum("kafka.consumer.chunk.records", group), records)
+      assert.strictEqual(records, 325, "the failed chunk of 25 was handed twice")
+      assert.isAtLeast(yield* metricValue("kafka.consumer.commits", group), 1)
+      assert.strictEqual(
+        yield* metricValue("kafka.consumer.commit.duration", group),
+        yield* metricValue("kafka.consumer.commits", group)
+      )
+      assert.strictEqual(yield* metricValue("kafka.consumer.commit.failures", group), 0)
+      assert.strictEqual(
+        yield* metricValue("kafka.consumer.rebalance.partitions", { ...group, "kafka.rebalance.event": "assigned" }),
+        3
+      )
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
+
+  it.live("a refused commit is counted with its reason", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-refused")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 1)
+      yield* produce(topic, 1, 20)
+      yield* (yield* InMemoryKafka.InMemoryKafka).refuseCommits(groupId, "Timeout", 2)
+      const fiber = yield* Consumer.run({ groupId, topics: [topic] }, () => Effect.void).pipe(
+        Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "20 millis" })),
+        Effect.fork
+      )
+      yield* eventually(
+        "committed after the refusals",
+        Effect.map(InMemoryKafka.committed(groupId), (batch) => batch.positions.get(`${topic}-0`) === 20n)
+      )
+      const group = { "messaging.consumer.group.name": groupId }
+      assert.strictEqual(yield* metricValue("kafka.consumer.commit.failures", { ...group, "error.type": "Timeout" }), 2)
+      assert.isAtLeast(yield* metricValue("kafka.consumer.commits", group), 1)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
+
+  it.live("a rebalance counts the partitions assigned and revoked", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-rebalance")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 4)
+      const member = Consumer.run({ groupId, topics: [topic] }, () => Effect.void).pipe(
+        Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "20 millis" })),
+        Effect.fork
+      )
+      const event = (name: string) =>
+        metricValue("kafka.consumer.rebalance.partitions", {
+          "messaging.consumer.group.name": groupId,
+          "messaging.destination.name": topic,
+          "kafka.rebalance.event": name
+        })
+      const first = yield* member
+      yield* eventually("the first member owns all four", Effect.map(event("assigned"), (n) => n === 4))
+      const second = yield* member
+      // The second member takes two of them: the first gives them up (all four, then gets two back: the group
+      // rebalances eagerly). Whatever the protocol, what is owned is what was assigned and not revoked.
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      yield* eventually(
+        "two each",
+        Effect.map(kafka.members(groupId), (members) =>
+          members.length === 2 && members.every((m) => m.partitions.length === 2))
+      )
+      yield* eventually(
+        "the counters caught up",
+        Effect.zipWith(event("assigned"), event("revoked"), (assigned, revoked) => assigned - revoked === 4 && revoked >= 2)
+      )
+      assert.strictEqual(yield* event("lost"), 0)
+      yield* Fiber.interrupt(second)
+      yield* Fiber.interrupt(first)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
+
+  it.live("a zombie's late unit is fenced, and counted: the fenced counter goes up by one", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-fenced")
+      const groupId = fresh("g")
+      const tp = TopicPartition.make(topic, 0)
+      yield* InMemoryKafka.createTopic(topic, 1)
+      yield* produce(topic, 1, 30)
+      const store = yield* OffsetStore.OffsetStore
+      const inUnit = yield* Deferred.make<void>()
+      const claimed = yield* Deferred.make<void>()
+      let held = false
+      const fiber = yield* Consumer.run({ groupId, topics: [topic], maxPollRecords: 10 }, (records) =>
+        Effect.gen(function*() {
+          // The first unit waits while another owner claims the partition: its commit is then fenced.
+          if (!held) {
+            held = true
+            yield* Deferred.succeed(inUnit, undefined)
+            yield* Deferred.await(claimed)
+          }
+          yield* OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))
+        })).pipe(
+          Effect.provide(CommitPolicy.transactional()),
+          Effect.fork
+        )
+      yield* Deferred.await(inUnit)
+      yield* store.claim(groupId, [tp])
+      yield* Deferred.succeed(claimed, undefined)
+      const labels = { "messaging.consumer.group.name": groupId, "messaging.destination.name": topic }
+      // The member rejoins, claims the partition again, and stores every record once.
+      yield* eventually(
+        "every record stored",
+        Effect.map(OffsetStore.results(groupId), (stored) => stored.length === 30)
+      )
+      assert.strictEqual(yield* metricValue("kafka.consumer.units.fenced", labels), 1)
+      assert.strictEqual(yield* metricValue("kafka.consumer.unit.duration", { ...labels, "error.type": "Fenced" }), 1)
+      assert.strictEqual(yield* metricValue("kafka.consumer.units", labels), 3)
+      assert.deepStrictEqual(
+        yield* OffsetStore.results(groupId),
+        Array.from({ length: 30 }, (_, i) => String(i))
+      )
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.mergeAll(InMemoryKafka.layer(), OffsetStore.layerMemory, observed))))
+
+  it.live("the producer counts records, bytes, failures by reason and transactions by outcome", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-produce")
+      yield* InMemoryKafka.createTopic(topic, 2)
+      const producer = yield* Producer.Producer
+      yield* producer.sendAll(Array.from({ length: 10 }, (_, i) => ({ topic, key: `k${i}`, value: "0123456789" })))
+      const missing = fresh("obs-missing")
+      const refused = yield* Effect.flip(producer.send({ topic: missing, value: "x" }))
+      assert.strictEqual(refused.reason, "UnknownTopic")
+      const labels = { "messaging.destination.name": topic }
+      assert.strictEqual(yield* metricValue("messaging.client.sent.messages", labels), 10)
+      // As the batcher counts them: 21 bytes of framing, two of key, ten of value, and the traceparent header.
+      assert.strictEqual(yield* metricValue("kafka.producer.sent.bytes", labels), 10 * (21 + 2 + 10 + (11 + 55 + 2)))
+      assert.strictEqual(yield* metricValue("messaging.client.operation.duration", labels), 1)
+      assert.strictEqual(
+        yield* metricValue("kafka.producer.errors", { "messaging.destination.name": missing, "error.type": "UnknownTopic" }),
+        1
+      )
+      const before = {
+        committed: yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "committed" }),
+        aborted: yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "aborted" })
+      }
+      yield* Effect.scoped(Effect.gen(function*() {
+        const context = yield* Layer.build(InMemoryKafka.layerTransactionalProducer({ transactionalId: fresh("tx") }))
+        const tx = yield* Effect.provide(Producer.TransactionalProducer, context)
+        yield* tx.transaction(Producer.send({ topic, value: "in" }))
+        yield* Effect.flip(tx.transaction(Effect.zipRight(Producer.send({ topic, value: "out" }), Effect.fail(new Boom()))))
+      }))
+      assert.strictEqual(
+        yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "committed" }),
+        before.committed + 1
+      )
+      assert.strictEqual(
+        yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "aborted" }),
+        before.aborted + 1
+      )
+    }).pipe(
+      Effect.provide(Layer.merge(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()), observed))
+    ))
+
+  it.live("without the layer nothing is recorded: no series for the group, no traceparent in the records", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-off")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 1)
+      yield* Producer.send({ topic, value: "plain" })
+      const seen: Array<ConsumerRecord> = []
+      const fiber = yield* Consumer.runEach({ groupId, topics: [topic] }, (record) => Effect.sync(() => seen.push(record)))
+        .pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "20 millis" })), Effect.fork)
+      yield* eventually("the record handled", Effect.sync(() => seen.length === 1))
+      assert.deepStrictEqual(Object.keys(seen[0]!.headers), [])
+      const group = { "messaging.consumer.group.name": groupId }
+      assert.strictEqual(yield* metricValue("messaging.client.consumed.messages", group), 0)
+      assert.strictEqual(yield* metricValue("kafka.consumer.handled.records", group), 0)
+      assert.strictEqual(yield* metricValue("messaging.client.sent.messages", { "messaging.destination.name": topic }), 0)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()))))
+})
+
+describe("Observability: lag", () => {
+  it.live("lag grows while the consumer is held and its partition paused, and falls to 0 once it catches up", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-lag")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 1)
+      yield* produce(topic, 1, 50)
+      const gate = yield* Deferred.make<void>()
+      const fiber = yield* Consumer.run({ groupId, topics: [topic], maxPollRecords: 10 }, () => Deferred.await(gate))
+        .pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 10, maxInterval: "20 millis" })), Effect.fork)
+      const latestLag = Effect.gen(function*() {
+        const observability = yield* Observability.Observability
+        return yield* observability.lag.pipe(
+          Stream.filter((s) => s.groupId === groupId && s.partitions.length === 1),
+          Stream.take(1),
+          Stream.runHead,
+          Effect.map(Option.map((s) => s.partitions[0]!))
+        )
+      })
+      yield* eventually("lag of all 50", Effect.map(latestLag, (p) => Option.isSome(p) && p.value.lag === 50n))
+      // The handler is held: its buffer fills, the partition is paused; what is produced meanwhile adds to the lag.
+      const paused = { "messaging.consumer.group.name": groupId }
+      yield* eventually("the partition paused", Effect.map(metricValue("kafka.consumer.paused.partitions", paused), (n) => n === 1))
+      yield* produce(topic, 1, 30, 50)
+      yield* eventually("lag of 80", Effect.map(latestLag, (p) => Option.isSome(p) && p.value.lag === 80n))
+      const labels = { ...paused, "messaging.destination.name": topic, "messaging.destination.partition.id": "0" }
+      yield* eventually("the gauge says 80", Effect.map(metricValue("kafka.consumer.lag", labels), (n) => n === 80))
+      assert.isAtLeast(yield* metricValue("kafka.consumer.buffered.records", labels), 10)
+      yield* Deferred.succeed(gate, undefined)
+      yield* eventually(
+        "caught up",
+        Effect.map(latestLag, (p) => Option.isSome(p) && p.value.lag === 0n && p.value.position === 80n)
+      )
+      yield* eventually("the gauge says 0", Effect.map(metricValue("kafka.consumer.lag", labels), (n) => n === 0))
+      yield* eventually("resumed", Effect.map(metricValue("kafka.consumer.paused.partitions", paused), (n) => n === 0))
+      assert.strictEqual(yield* metricValue("kafka.consumer.buffered.records", labels), 0)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
+
+  it.live("under transactional, the lag counts from the stored position", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-lag-stored")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 2)
+      yield* produce(topic, 2, 40)
+      const fiber = yield* Consumer.run(
+        { groupId, topics: [topic], maxPollRecords: 10 },
+        (records) => OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))
+      ).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
+      const caughtUp = Observability.lag({ groupId }).pipe(
+        Stream.filter((s) =>
+          s.partitions.length === 2 && s.partitions.every((p) => p.lag === 0n && p.position === 40n)
+        ),
+        Stream.runHead
+      )
+      const snapshot = yield* caughtUp
+      assert.isTrue(Option.isSome(snapshot))
+      // Nothing was committed to Kafka: the lag is the store's.
+      assert.strictEqual((yield* InMemoryKafka.committed(groupId)).positions.size, 0)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.mergeAll(InMemoryKafka.layer(), OffsetStore.layerMemory, observed))))
+})
+
+describe("Observability: spans and trace context", () => {
+  it.live("the producer's send span is linked from the span of the chunk its record was handled in", () => {
+    const tracing = recordingTracer()
+    return Effect.gen(function*() {
+      const topic = fresh("obs-trace")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 1)
+      yield* Producer.send({ topic, key: "order-1", value: "placed" }).pipe(Effect.withSpan("checkout"))
+      const seen: Array<ConsumerRecord> = []
+      const fiber = yield* Consumer.runEach({ groupId, topics: [topic] }, (record) => Effect.sync(() => seen.push(record)))
+        .pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "20 millis" })), Effect.fork)
+      yield* eventually("the record handled", Effect.sync(() => seen.length === 1))
+      yield* eventually("a commit span", Effect.sync(() => tracing.spans.some((s) => s.name === "commit")))
+      const checkout = tracing.spans.find((s) => s.name === "checkout")!
+      const send = tracing.spans.find((s) => s.name === `send ${topic}`)!
+      assert.strictEqual(send.kind, "producer")
+      assert.strictEqual(send.parentSpanId, checkout.spanId)
+      assert.strictEqual(send.traceId, checkout.traceId)
+      const header = new TextDecoder().decode(seen[0]!.headers["traceparent"])
+      assert.strictEqual(header, `00-${send.traceId}-${send.spanId}-01`)
+      const consumer = tracing.spans.find((s) => s.name === "kafka.consumer")!
+      const process = tracing.spans.find((s) => s.name === `process ${topic}`)!
+      assert.strictEqual(process.kind, "consumer")
+      assert.strictEqual(process.parentSpanId, consumer.spanId)
+      assert.strictEqual(process.attributes.get("messaging.consumer.group.name"), groupId)
+      assert.strictEqual(process.attributes.get("messaging.batch.message_count"), 1)
+      assert.deepStrictEqual(
+        process.links.map((link) => [link.span.traceId, link.span.spanId]),
+        [[checkout.traceId, send.spanId]]
+      )
+      const commit = tracing.spans.find((s) => s.name === "commit")!
+      assert.strictEqual(commit.parentSpanId, consumer.spanId)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(
+      Effect.provide(Layer.mergeAll(
+        Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()),
+        observed,
+        tracing.layer
+      ))
+    )
+  })
+
+  it.live("a store unit has a span of its own, inside its chunk's", () => {
+    const tracing = recordingTracer()
+    return Effect.gen(function*() {
+      const topic = fresh("obs-unit-span")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 1)
+      yield* produce(topic, 1, 5)
+      const fiber = yield* Consumer.run({ groupId, topics: [topic] }, (records) =>
+        OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))).pipe(
+          Effect.provide(CommitPolicy.transactional()),
+          Effect.fork
+        )
+      yield* eventually("stored", Effect.map(OffsetStore.results(groupId), (stored) => stored.length === 5))
+      yield* eventually("the unit span ended", Effect.sync(() =>
+        tracing.spans.some((s) => s.name === `store ${topic}` && s.status._tag === "Ended")))
+      const unit = tracing.spans.find((s) => s.name === `store ${topic}`)!
+      const chunk = tracing.spans.find((s) => s.spanId === unit.parentSpanId)!
+      assert.strictEqual(chunk.name, `process ${topic}`)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.mergeAll(InMemoryKafka.layer(), OffsetStore.layerMemory, observed, tracing.layer)))
+  })
+})
+
+describe("Observability in the types", () => {
+  it.effect("the layer needs nothing and fails with a ConfigError naming a bad option; the consumer does not need it", () =>
+    Effect.gen(function*() {
+      expectTypeOf(Observability.layer()).toEqualTypeOf<Layer.Layer<Observability.Observability, ConfigError>>()
+      const run = Consumer.run({ groupId: "g", topics: ["t"] }, () => Effect.void)
+      type Needs = Effect.Effect.Context<typeof run>
+      expectTypeOf<Extract<Needs, Observability.Observability>>().toEqualTypeOf<never>()
+      expectTypeOf(Observability.lag()).toEqualTypeOf<
+        Stream.Stream<Observability.LagSnapshot, never, Observability.Observability>
+      >()
+      // @ts-expect-error lagInterval is a duration
+      Observability.layer({ lagInterval: true })
+      const error = yield* Effect.flip(Layer.build(Observability.layer({ lagInterval: "-1 seconds" })))
+      assert.instanceOf(error, ConfigError)
+      assert.strictEqual(error.field, "Observability.lagInterval")
+    }).pipe(Effect.scoped))
+})
