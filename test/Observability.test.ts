@@ -4,6 +4,7 @@
  */
 import { assert, describe, expectTypeOf, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
+import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
@@ -13,6 +14,7 @@ import * as Schedule from "effect/Schedule"
 import * as Stream from "effect/Stream"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
+import * as FailureRoute from "../src/FailureRoute.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { ConfigError } from "../src/KafkaError.js"
@@ -34,6 +36,18 @@ const produce = (topic: string, partitions: number, perPartition: number, from =
       topic,
       Array.from({ length: perPartition }, (_, i) => ({ value: `${p}:${from + i}`, partition: p }))
     ), { discard: true })
+
+/** The first snapshot of the group reported after now, with the partitions it owns. */
+const nextSnapshot = (groupId: string) =>
+  Effect.gen(function*() {
+    const now = yield* Clock.currentTimeMillis
+    const next = yield* Observability.lag({ groupId }).pipe(
+      Stream.filter((s) => s.at > now && s.partitions.length > 0),
+      Stream.runHead,
+      Effect.timeoutFail({ duration: "5 seconds", onTimeout: () => new Error(`no lag snapshot of ${groupId}`) })
+    )
+    return Option.getOrThrow(next)
+  })
 
 class Boom {
   readonly _tag = "Boom"
@@ -292,11 +306,14 @@ describe("Observability: lag", () => {
       assert.isAtLeast(yield* metricValue("kafka.consumer.buffered.records", labels), 10)
       yield* Deferred.succeed(gate, undefined)
       yield* eventually(
-        "caught up",
-        Effect.map(latestLag, (p) => Option.isSome(p) && p.value.lag === 0n && p.value.position === 80n)
+        "every record committed",
+        Effect.map(InMemoryKafka.committed(groupId), (batch) => batch.positions.get(`${topic}-0`) === 80n)
       )
-      yield* eventually("the gauge says 0", Effect.map(metricValue("kafka.consumer.lag", labels), (n) => n === 0))
-      yield* eventually("resumed", Effect.map(metricValue("kafka.consumer.paused.partitions", paused), (n) => n === 0))
+      // The first snapshot after that commit: the lag counts from the committed position.
+      const after = yield* nextSnapshot(groupId)
+      assert.deepStrictEqual(after.partitions, [{ topic, partition: 0, position: 80n, latest: 80n, lag: 0n }])
+      assert.strictEqual(yield* metricValue("kafka.consumer.lag", labels), 0)
+      assert.strictEqual(yield* metricValue("kafka.consumer.paused.partitions", paused), 0)
       assert.strictEqual(yield* metricValue("kafka.consumer.buffered.records", labels), 0)
       yield* Fiber.interrupt(fiber)
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
@@ -311,14 +328,12 @@ describe("Observability: lag", () => {
         { groupId, topics: [topic], maxPollRecords: 10 },
         (records) => OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))
       ).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
-      const caughtUp = Observability.lag({ groupId }).pipe(
-        Stream.filter((s) =>
-          s.partitions.length === 2 && s.partitions.every((p) => p.lag === 0n && p.position === 40n)
-        ),
-        Stream.runHead
+      yield* eventually("every record stored", Effect.map(OffsetStore.results(groupId), (stored) => stored.length === 80))
+      const after = yield* nextSnapshot(groupId)
+      assert.deepStrictEqual(
+        after.partitions.map((p) => [p.partition, p.position, p.lag]).sort(),
+        [[0, 40n, 0n], [1, 40n, 0n]]
       )
-      const snapshot = yield* caughtUp
-      assert.isTrue(Option.isSome(snapshot))
       // Nothing was committed to Kafka: the lag is the store's.
       assert.strictEqual((yield* InMemoryKafka.committed(groupId)).positions.size, 0)
       yield* Fiber.interrupt(fiber)
@@ -388,6 +403,79 @@ describe("Observability: spans and trace context", () => {
       yield* Fiber.interrupt(fiber)
     }).pipe(Effect.provide(Layer.mergeAll(InMemoryKafka.layer(), OffsetStore.layerMemory, observed, tracing.layer)))
   })
+})
+
+describe("Observability: the policies' own writes", () => {
+  it.live("kafkaTransactional: a transaction per chunk, counted, traced, committed; the lag counts from its offsets", () => {
+    const tracing = recordingTracer()
+    return Effect.gen(function*() {
+      const topic = fresh("obs-ctp")
+      const output = `${topic}-out`
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 1)
+      yield* InMemoryKafka.createTopic(output, 1)
+      yield* produce(topic, 1, 20)
+      const committedBefore = yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "committed" })
+      let chunks = 0
+      const fiber = yield* Consumer.run({ groupId, topics: [topic], maxPollRecords: 5 }, (records) =>
+        Effect.zipRight(
+          Effect.sync(() => chunks++),
+          Producer.sendAll(Chunk.toReadonlyArray(records).map((r) => ({ topic: output, value: r.value })))
+        )).pipe(
+          Effect.provide(CommitPolicy.kafkaTransactional().pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers()))),
+          Effect.fork
+        )
+      yield* eventually(
+        "every input record's position committed",
+        Effect.map(InMemoryKafka.committed(groupId), (batch) => batch.positions.get(`${topic}-0`) === 20n)
+      )
+      const after = yield* nextSnapshot(groupId)
+      assert.deepStrictEqual(after.partitions, [{ topic, partition: 0, position: 20n, latest: 20n, lag: 0n }])
+      const labels = { "messaging.consumer.group.name": groupId, "messaging.destination.name": topic }
+      assert.strictEqual(yield* metricValue("kafka.consumer.units", labels), chunks)
+      assert.strictEqual(
+        yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "committed" }),
+        committedBefore + chunks
+      )
+      assert.strictEqual(yield* metricValue("messaging.client.sent.messages", { "messaging.destination.name": output }), 20)
+      const transactions = tracing.spans.filter((s) => s.name === `transaction ${topic}`)
+      assert.strictEqual(transactions.length, chunks)
+      // The records sent inside a transaction carry the context of their send span, a child of the chunk's.
+      const send = tracing.spans.find((s) => s.name === `send ${output}`)!
+      const transaction = tracing.spans.find((s) => s.spanId === send.parentSpanId)!
+      assert.strictEqual(transaction.name, `transaction ${topic}`)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.mergeAll(InMemoryKafka.layer(), observed, tracing.layer)))
+  })
+
+  it.live("the failure route: each dead-lettered record is counted by its topic", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-dlq")
+      const dlq = `${topic}-dlq`
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 1)
+      yield* InMemoryKafka.createTopic(dlq, 1)
+      yield* produce(topic, 1, 10)
+      let handled = 0
+      const fiber = yield* Consumer.runEach(
+        { groupId, topics: [topic], retry: Schedule.recurs(0), onFailure: FailureRoute.deadLetter({ topic: dlq }) },
+        (record) =>
+          Effect.suspend(() => {
+            handled++
+            return record.offset % 5n === 0n ? Effect.fail(new Boom()) : Effect.void
+          })
+      ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "20 millis" })), Effect.fork)
+      const group = { "messaging.consumer.group.name": groupId }
+      yield* eventually(
+        "both poison records routed",
+        Effect.map(metricValue("kafka.consumer.routed.records", { ...group, "messaging.destination.name": dlq }), (n) => n === 2)
+      )
+      yield* eventually("all handled", Effect.map(metricValue("kafka.consumer.handled.records", group), (n) => n === 10))
+      assert.strictEqual(yield* metricValue("kafka.consumer.handler.failures", { ...group, "error.type": "Boom" }), 2)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(
+      Effect.provide(Layer.merge(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()), observed))
+    ))
 })
 
 describe("Observability in the types", () => {
