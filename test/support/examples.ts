@@ -162,5 +162,22 @@ export const examples: ReadonlyArray<{
         /dead letter: orders-0@9, DecodeFailed after 1 attempt\(s\): Expected an integer, actual 1.5/.test(out)
         ? undefined
         : "17 orders handled and the three poison orders dead-lettered with their errors and attempts"
+  },
+  {
+    file: "examples/15-observability.ts",
+    check: (out) => {
+      const lags = [...out.matchAll(/^ {2}orders-\d+ {2}position (\d+) {2}lag (\d+)$/gm)]
+      const positions = lags.reduce((sum, m) => sum + Number(m[1]), 0)
+      const metric = (name: string) => Number(new RegExp(`^ {2}${name.replace(/\./g, "\\.")} +(\\d+)$`, "m").exec(out)?.[1])
+      return /10 orders handled on/.test(out) && lags.length === 3 && positions === 10 &&
+          lags.every((m) => m[2] === "0") &&
+          /└─ send orders \(producer\) +[0-9a-f]{16} {2}traceparent in the record's headers/.test(out) &&
+          /process orders \(consumer\) +[0-9a-f]{16} {2}linked to the send/.test(out) &&
+          metric("messaging.client.sent.messages") === 10 && metric("messaging.client.consumed.messages") === 10 &&
+          metric("kafka.consumer.handled.records") === 10 && metric("kafka.consumer.lag") === 0 &&
+          metric("kafka.consumer.rebalance.partitions") === 3
+        ? undefined
+        : "10 orders handled, lag 0 on three partitions, order-3's trace linked from its chunk, and the metrics"
+    }
   }
 ]
