@@ -15,6 +15,7 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
+import * as Observability from "../src/Observability.js"
 import type { Outcome, PolicyName, Workload } from "./lab.js"
 import { explanations, progressLine, recordsPerSecond, table } from "./report.js"
 import { describeStore, runInMemory, type Store } from "./stores.js"
@@ -359,10 +360,13 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
             runId,
             onProgress: (p) => {
               moved(p.stored)
-              line.update("committed", p.stored, p.records, p.crashes)
+              line.update("committed", p.stored, p.records, p.crashes, p.lag)
             }
           } satisfies Workload,
           store
+        ).pipe(
+          // The members report their lag; the progress line shows the group's.
+          Effect.provide(Observability.layer({ spans: false, lagInterval: "100 millis" }))
         )
       // A real run has its own deadline; a stuck in-memory run would otherwise wait forever.
       const outcome = yield* (real ? run : watched(policy, run, () => progressAt))
@@ -371,7 +375,13 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
           outcome.poison > 0 ? `${count(outcome.deadLettered)} dead-lettered, ` : ""
         }${count(outcome.lost)} lost, ${count(outcome.duplicated)} duplicated in ${
           (outcome.elapsedMillis / 1000).toFixed(1)
-        } s`
+        } s${
+          outcome.finalLag === undefined
+            ? ""
+            : outcome.finalLag.every((p) => p.lag === 0)
+            ? ", lag 0 at the end"
+            : `, lag at the end ${outcome.finalLag.map((p) => `${p.partition}: ${p.lag}`).join(", ")}`
+        }`
       )
       outcomes.push(outcome)
     }

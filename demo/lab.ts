@@ -13,6 +13,7 @@ import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
+import * as Stream from "effect/Stream"
 import * as Data from "effect/Data"
 import * as Codec from "../src/Codec.js"
 import * as CommitPolicy from "../src/CommitPolicy.js"
@@ -22,6 +23,7 @@ import { Driver } from "../src/Driver.js"
 import * as FailureRoute from "../src/FailureRoute.js"
 import { Crashed, type CrashPoint, crashPoints } from "../src/Faults.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
+import * as Observability from "../src/Observability.js"
 import { type DecodeFailed, RecordFailed, TransactionFailed } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as Producer from "../src/Producer.js"
@@ -79,6 +81,14 @@ export interface Progress {
   readonly records: number
   readonly crashes: number
   readonly rebalances: number
+  /** The group's lag over all partitions, from the members' latest reports; with `Observability` only. */
+  readonly lag?: number
+}
+
+/** A partition's lag at the end of a run, as its owner reported it after the last record was stored. */
+export interface FinalLag {
+  readonly partition: number
+  readonly lag: number
 }
 
 export interface Outcome {
@@ -111,6 +121,11 @@ export interface Outcome {
   /** Members that stalled mid-unit until their partition had moved to another member (see `Workload.zombies`). */
   readonly zombies: number
   readonly elapsedMillis: number
+  /**
+   * Each partition's lag once every record was handled, as the members reported it (`Observability.lag`); with
+   * `Observability` only.
+   */
+  readonly finalLag?: ReadonlyArray<FinalLag>
 }
 
 /** A small seeded generator (mulberry32), so that a run is reproducible from its seed. */
@@ -614,6 +629,28 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
       }
     }
     const moves = [...checkpoints]
+    // With observability: the latest lag the members reported of each partition.
+    const observability = yield* Effect.serviceOption(Observability.Observability)
+    const lagOf = new Map<number, { readonly lag: bigint; readonly at: number }>()
+    if (Option.isSome(observability)) {
+      yield* Observability.lag({ groupId }).pipe(
+        Stream.runForEach((snapshot) =>
+          Effect.sync(() => {
+            for (const p of snapshot.partitions) {
+              const known = lagOf.get(p.partition)
+              if (known === undefined || known.at <= snapshot.at) lagOf.set(p.partition, { lag: p.lag, at: snapshot.at })
+            }
+          })
+        ),
+        Effect.provideService(Observability.Observability, observability.value),
+        Effect.forkScoped
+      )
+    }
+    const totalLag = () => {
+      let total = 0n
+      for (const { lag } of lagOf.values()) total += lag
+      return Number(total)
+    }
     const plan: Plan<R> = (makePlan ?? (kafkaPlan as MakePlan<R>))(workload, shouldCrash, checkpoints, zombieMaker)
     const partitions = end.map((_, partition) => ({ topic, partition }))
     const start = yield* Clock.currentTimeMillis
@@ -642,7 +679,13 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
           const at = positions.get(`${topic}-${p}`) ?? 0n
           stored += Number(at < e ? at : e)
         })
-        workload.onProgress({ stored, records: workload.records, crashes, rebalances })
+        workload.onProgress({
+          stored,
+          records: workload.records,
+          crashes,
+          rebalances,
+          ...(Option.isSome(observability) ? { lag: totalLag() } : {})
+        })
       }
       // A zombie being made still has its commit to try: the run is not over before it has.
       if (stalling || !end.every((e, p) => (positions.get(`${topic}-${p}`) ?? 0n) >= e)) return false
@@ -679,8 +722,20 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     }
     yield* Fiber.interrupt(rebalancer)
     for (const checkpoint of moves) yield* Deferred.succeed(checkpoint.moved, undefined)
+    // Every record is stored: each partition's owner reports its lag once more, from what it committed or stored.
+    let finalLag: Array<FinalLag> | undefined
+    let lagWait = 0
+    if (Option.isSome(observability)) {
+      const doneAt = yield* Clock.currentTimeMillis
+      const reported = () => end.every((_, p) => (lagOf.get(p)?.at ?? 0) > doneAt)
+      const interval = Duration.toMillis(observability.value.lagInterval)
+      for (let waited = 0; !reported() && waited < 20 * interval + 5_000; waited += 5) yield* Effect.sleep("5 millis")
+      finalLag = end.map((_, partition) => ({ partition, lag: Number(lagOf.get(partition)?.lag ?? -1n) }))
+      // The wait for the reports is not the run's.
+      lagWait = (yield* Clock.currentTimeMillis) - doneAt
+    }
     yield* Fiber.interruptAll([...members, ...extras])
-    const elapsedMillis = (yield* Clock.currentTimeMillis) - start
+    const elapsedMillis = (yield* Clock.currentTimeMillis) - start - lagWait
     const tally = yield* plan.tally(groupId, topic)
     const letters = new Map<string, number>()
     if (poisonRate > 0) {
@@ -723,7 +778,8 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
       generation: yield* kafka.generation(groupId),
       fenced,
       zombies,
-      elapsedMillis
+      elapsedMillis,
+      ...(finalLag === undefined ? {} : { finalLag })
     } satisfies Outcome
   }))
 

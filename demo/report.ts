@@ -131,7 +131,7 @@ export const explanations = (outcomes: ReadonlyArray<Outcome>, store: string): s
  */
 export interface ProgressLine {
   /** `done` of `total` records have got as far as `what` says, with `crashes` so far. */
-  readonly update: (what: string, done: number, total: number, crashes: number) => void
+  readonly update: (what: string, done: number, total: number, crashes: number, lag?: number) => void
   readonly finish: (text: string) => void
 }
 
@@ -144,10 +144,10 @@ export const progressLine = (policy: PolicyName, enabled: boolean, crash: "crash
     if (enabled) process.stdout.write(text)
   }
   return {
-    update: (what, done, total, crashes) => {
+    update: (what, done, total, crashes, lag) => {
       const line = `${label}${what} ${count(done)} / ${count(total)}, ${count(crashes)} ${crash}${
         crashes === 1 ? "" : crash === "crash" ? "es" : "s"
-      }`
+      }${lag === undefined ? "" : `, lag ${count(lag)}`}`
       if (tty) {
         const now = Date.now()
         if (now - lastDraw < 100) return

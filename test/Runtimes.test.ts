@@ -28,6 +28,7 @@ interface DemoOutcome {
   readonly lost: number
   readonly duplicated: number
   readonly crashes: number
+  readonly finalLag?: ReadonlyArray<{ readonly partition: number; readonly lag: number }>
 }
 
 // stdout must hold nothing but the JSON: logs go to stderr.
@@ -63,6 +64,14 @@ for (const runtime of ["node", "deno", "bun"] satisfies ReadonlyArray<Runtime>) 
       for (const policy of ["transactional", "kafkaTransactional"]) {
         const eos = outcome(policy)
         assert.deepStrictEqual([eos.delivered, eos.lost, eos.duplicated], [3000, 0, 0], policy)
+      }
+      // Each partition's lag, as its owner reported it once every record was handled: 0 under every policy.
+      for (const o of report.outcomes) {
+        assert.deepStrictEqual(
+          o.finalLag,
+          Array.from({ length: 6 }, (_, partition) => ({ partition, lag: 0 })),
+          `${o.policy}: the final lag`
+        )
       }
       // The lab's crashes and moves are its own doing: nothing of them is worth a warning.
       assert.notMatch(run.stderr, /WARN|ERROR/, run.stderr)
