@@ -6,7 +6,7 @@
  *   npm run bench -- --smoke                    every benchmark at tiny sizes, for CI (under a minute)
  *   npm run bench -- --json out.json            also write the results as JSON
  *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer,
- *                                               ordering, retries
+ *                                               ordering, retries, observability
  *   npm run bench -- --rounds 7 --warmup 2      more rounds
  *
  * A broker is started with scripts/kafka.sh on a free port (and stopped at the end) unless KAFKA_BROKERS is set.
@@ -19,6 +19,7 @@ import { backlog, type BacklogSizes } from "./backlog.js"
 import { withBroker } from "./broker.js"
 import { type BenchResult, loadAverage, type Plan, renderResult } from "./harness.js"
 import { inMemory } from "./inMemory.js"
+import { observabilityInMemory, observabilityKafka, type ObservabilitySizes } from "./observability.js"
 import { exactlyOnce, type PostgresSizes } from "./postgres.js"
 import { orderingInMemory, orderingKafka, orderingPostgres, type OrderingSizes } from "./ordering.js"
 import { manyFibers, pipeline, producerThroughput, type ProducerSizes } from "./producer.js"
@@ -36,7 +37,8 @@ const benchmarkIds = [
   "backlog",
   "producer",
   "ordering",
-  "retries"
+  "retries",
+  "observability"
 ] as const
 type BenchmarkId = (typeof benchmarkIds)[number]
 
@@ -48,6 +50,7 @@ interface Sizes {
   readonly producer: ProducerSizes
   readonly ordering: OrderingSizes
   readonly retries: { readonly inMemory: RetrySizes; readonly kafka: RetrySizes }
+  readonly observability: ObservabilitySizes
 }
 
 const full: Sizes = {
@@ -66,7 +69,8 @@ const full: Sizes = {
   retries: {
     inMemory: { records: 200_000, timedRecords: 12_000, partitions: 6 },
     kafka: { records: 100_000, timedRecords: 12_000, partitions: 6 }
-  }
+  },
+  observability: { inMemoryRecords: 1_000_000, kafkaRecords: 500_000, partitions: 6 }
 }
 
 const smoke: Sizes = {
@@ -79,7 +83,8 @@ const smoke: Sizes = {
   retries: {
     inMemory: { records: 2_000, timedRecords: 300, partitions: 6 },
     kafka: { records: 2_000, timedRecords: 300, partitions: 6 }
-  }
+  },
+  observability: { inMemoryRecords: 20_000, kafkaRecords: 3_000, partitions: 6 }
 }
 
 export interface Options {
@@ -180,13 +185,16 @@ const main = async (): Promise<number> => {
     await attempt("ordering-postgres", () => orderingPostgres(plan, url, sizes.ordering))
   }
   if (wants("retries")) await attempt("retries-inmemory", () => retriesInMemory(plan, sizes.retries.inMemory))
+  if (wants("observability")) {
+    await attempt("observability-inmemory", () => observabilityInMemory(plan, sizes.observability))
+  }
   if (wants("postgres")) {
     const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
     await attempt("postgres", () => exactlyOnce(plan, url, sizes.postgres))
   }
   if (
     wants("overhead") || wants("realistic") || wants("backlog") || wants("producer") || wants("ordering") ||
-    wants("retries")
+    wants("retries") || wants("observability")
   ) {
     try {
       await withBroker(log, async (brokers) => {
@@ -209,6 +217,9 @@ const main = async (): Promise<number> => {
           }
           if (wants("ordering")) await attempt("ordering-kafka", () => orderingKafka(plan, brokers, sizes.ordering))
           if (wants("retries")) await attempt("retries-kafka", () => retriesKafka(plan, brokers, sizes.retries.kafka))
+          if (wants("observability")) {
+            await attempt("observability-kafka", () => observabilityKafka(plan, brokers, sizes.observability))
+          }
         } finally {
           await topics.close()
         }

@@ -21,6 +21,7 @@ import { ConfigError } from "../src/KafkaError.js"
 import * as Observability from "../src/Observability.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as Producer from "../src/Producer.js"
+import { linksOf, parseTraceparent } from "../src/internal/telemetry.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 import { eventually } from "./support/kit.js"
 import { histogramSum, metricValue, recordingTracer } from "./support/tracing.js"
@@ -476,6 +477,61 @@ describe("Observability: the policies' own writes", () => {
     }).pipe(
       Effect.provide(Layer.merge(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()), observed))
     ))
+})
+
+describe("trace context: traceparent headers", () => {
+  const traceId = "4bf92f3577b34da6a3ce929d0e0e4736"
+  const spanId = "00f067aa0ba902b7"
+  it("a well-formed header names its span, sampled or not; anything else names none", () => {
+    const named = parseTraceparent(`00-${traceId}-${spanId}-01`)
+    assert.deepStrictEqual([named?.traceId, named?.spanId, named?.sampled], [traceId, spanId, true])
+    assert.strictEqual(parseTraceparent(`00-${traceId}-${spanId}-00`)?.sampled, false)
+    // A later version may add fields after a dash; version 00 may not.
+    assert.strictEqual(parseTraceparent(`01-${traceId}-${spanId}-01-extra`)?.spanId, spanId)
+    for (
+      const bad of [
+        `00-${traceId}-${spanId}-01-extra`,
+        `ff-${traceId}-${spanId}-01`,
+        `00-${"0".repeat(32)}-${spanId}-01`,
+        `00-${traceId}-${"0".repeat(16)}-01`,
+        `00-${traceId.toUpperCase()}-${spanId}-01`,
+        `00-${traceId}_${spanId}-01`,
+        `00-${traceId}-${spanId}`,
+        `00-${traceId.slice(1)}x-${spanId}-01`,
+        ""
+      ]
+    ) {
+      assert.isUndefined(parseTraceparent(bad), bad)
+    }
+  })
+
+  it("a chunk links each span its records name once, and skips records without one or with a bad one", () => {
+    const record = (offset: number, header?: string): ConsumerRecord => ({
+      topic: "t",
+      partition: 0,
+      offset: BigInt(offset),
+      key: null,
+      value: null,
+      headers: header === undefined ? {} : { traceparent: new TextEncoder().encode(header) },
+      timestamp: 0
+    })
+    const other = "1111111111111111"
+    const links = linksOf([
+      record(0, `00-${traceId}-${spanId}-01`),
+      record(1, `00-${traceId}-${spanId}-01`),
+      record(2),
+      record(3, "garbage"),
+      record(4, `00-${traceId}-${other}-01`),
+      record(5, `00-${traceId}-${spanId}-01`)
+    ])
+    assert.deepStrictEqual(
+      links.map((l) => [l.span.spanId, l.attributes["messaging.kafka.offset"]]),
+      [[spanId, "0"], [other, "4"]]
+    )
+    assert.strictEqual(linksOf(Array.from({ length: 300 }, (_, i) =>
+      record(i, `00-${traceId}-${i.toString(16).padStart(16, "1")}-01`)
+    )).length, 128)
+  })
 })
 
 describe("Observability in the types", () => {

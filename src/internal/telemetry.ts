@@ -63,33 +63,56 @@ const seconds = (clock: Clock.Clock, start: bigint) => Number(clock.unsafeCurren
 export const traceparent = (span: Tracer.AnySpan): string =>
   `00-${span.traceId}-${span.spanId}-${span.sampled ? "01" : "00"}`
 
-const hex = /^[0-9a-f]+$/
-
-/** The span a `traceparent` names, if it is well formed (version 00, ids not all zeros). */
-export const parseTraceparent = (text: string): Tracer.ExternalSpan | undefined => {
-  // 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>
-  if (text.length < 55 || text[2] !== "-" || text[35] !== "-" || text[52] !== "-") return undefined
-  const version = text.slice(0, 2)
-  const traceId = text.slice(3, 35)
-  const spanId = text.slice(36, 52)
-  const flags = text.slice(53, 55)
-  if (version === "ff" || !hex.test(version) || !hex.test(traceId) || !hex.test(spanId) || !hex.test(flags)) {
-    return undefined
+/** Whether the bytes `from` to `to` are lower-case hex digits, and not all zeros. */
+const hexDigits = (bytes: Uint8Array, from: number, to: number, zerosAllowed: boolean): boolean => {
+  let zeros = true
+  for (let i = from; i < to; i++) {
+    const b = bytes[i]!
+    if (!((b >= 48 && b <= 57) || (b >= 97 && b <= 102))) return false
+    if (b !== 48) zeros = false
   }
-  if (/^0+$/.test(traceId) || /^0+$/.test(spanId)) return undefined
-  return Tracer.externalSpan({ traceId, spanId, sampled: (Number.parseInt(flags, 16) & 1) === 1 })
+  return zerosAllowed || !zeros
 }
 
-const ascii = new TextDecoder()
+const ascii = (bytes: Uint8Array, from: number, to: number) => String.fromCharCode(...bytes.subarray(from, to))
 
-/** Links to the spans the records' `traceparent` headers name, one per span, at most `max`. */
+/** The span a `traceparent` names, if it is well formed (version 00 and up, ids not all zeros). */
+export const parseTraceparent = (header: Uint8Array | string): Tracer.ExternalSpan | undefined => {
+  const bytes = typeof header === "string" ? new TextEncoder().encode(header) : header
+  // 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>
+  if (bytes.length < 55 || bytes[2] !== 45 || bytes[35] !== 45 || bytes[52] !== 45) return undefined
+  if (!hexDigits(bytes, 0, 2, true) || (bytes[0] === 102 && bytes[1] === 102)) return undefined
+  if (!hexDigits(bytes, 3, 35, false) || !hexDigits(bytes, 36, 52, false) || !hexDigits(bytes, 53, 55, true)) {
+    return undefined
+  }
+  // A version 00 header is exactly 55 bytes; a later version may append fields after a dash.
+  if (bytes.length > 55 && ((bytes[0] === 48 && bytes[1] === 48) || bytes[55] !== 45)) return undefined
+  const flags = Number.parseInt(ascii(bytes, 53, 55), 16)
+  return Tracer.externalSpan({ traceId: ascii(bytes, 3, 35), spanId: ascii(bytes, 36, 52), sampled: (flags & 1) === 1 })
+}
+
+/** Whether two headers name the same span: the same bytes (span ids first: they differ first). */
+const sameBytes = (a: Uint8Array, b: Uint8Array) => {
+  if (a === b) return true
+  const length = a.length
+  if (length !== b.length) return false
+  for (let i = length - 1; i >= 0; i--) if (a[i] !== b[i]) return false
+  return true
+}
+
+/**
+ * Links to the spans the records' `traceparent` headers name, one per span, at most `max`. Records sent together
+ * name the same span: a header equal to the one before it is not parsed again.
+ */
 export const linksOf = (records: Iterable<ConsumerRecord>, max = 128): Array<Tracer.SpanLink> => {
   const links: Array<Tracer.SpanLink> = []
   const seen = new Set<string>()
+  let previous: Uint8Array | undefined
   for (const record of records) {
     const header = record.headers["traceparent"]
-    if (header === undefined) continue
-    const span = parseTraceparent(ascii.decode(header))
+    if (header === undefined || (previous !== undefined && sameBytes(header, previous))) continue
+    previous = header
+    const span = parseTraceparent(header)
     if (span === undefined || seen.has(span.spanId)) continue
     seen.add(span.spanId)
     links.push({ _tag: "SpanLink", span, attributes: { "messaging.kafka.offset": String(record.offset) } })
