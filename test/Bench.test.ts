@@ -40,7 +40,9 @@ const expected = [
   "ordering-postgres",
   "ordering-kafka",
   "retries-inmemory",
-  "retries-kafka"
+  "retries-kafka",
+  "observability-inmemory",
+  "observability-kafka"
 ]
 
 const runSmoke = (json: string) =>
