@@ -124,8 +124,8 @@ export interface CommittedPosition {
 
 /**
  * One member's connection to the cluster. One fiber (the runloop) owns it: calls are not made concurrently, except
- * `commit`, which may run while `poll` waits. Heartbeats are the driver's own business and continue while records
- * are processed.
+ * `commit`, which may run while `poll` waits, and `offsets`, which the lag reports of `Observability` call on a fiber
+ * of their own. Heartbeats are the driver's own business and continue while records are processed.
  *
  * @since 0.1.0
  * @category models
