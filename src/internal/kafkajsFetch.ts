@@ -19,6 +19,8 @@ import { describe, toConsumerRecord } from "./kafkajs.js"
 /**
  * Why an `eachBatch` call stopped waiting for the runloop:
  * - `taken`: `poll` returned all its records
+ * - `ahead`: the partition's earlier batches were all returned; the records are kept until `poll` returns them, and
+ *   kafkajs advances past the whole batch and fetches the next one meanwhile
  * - `seek`/`stale`: the records are no longer wanted (a seek, or a new generation); kafkajs must not advance
  * - `pause`: the partition was paused; the records not yet returned are kept (handed out first on resume), so
  *   kafkajs advances past the whole batch and fetches nothing of it again
@@ -27,7 +29,7 @@ import { describe, toConsumerRecord } from "./kafkajs.js"
  *
  * @internal
  */
-export type Outcome = "taken" | "seek" | "stale" | "pause" | "revoke" | "close"
+export type Outcome = "taken" | "ahead" | "seek" | "stale" | "pause" | "revoke" | "close"
 
 /** @internal */
 export interface RecordsEntry {
@@ -148,12 +150,23 @@ export const makeFetch = (options: FetchOptions) => {
     entry.release(outcome)
   }
 
+  /**
+   * The partition's oldest batch, once every batch before it was returned, lets its call go: kafkajs fetches the next
+   * batch while the runloop reads this one, instead of after. A partition keeps at most two batches: the one read and
+   * the next, whose call waits until the one read is all returned (kafkajs fetches nothing meanwhile).
+   */
+  const readAhead = (state: PartitionState) => {
+    const [first] = state.entries
+    if (first !== undefined && states.get(state.key) === state) release(first, "ahead")
+  }
+
   /** The entry's records are all returned, or no longer wanted; its call (if still waiting) learns why. */
   const finish = (entry: RecordsEntry, outcome: Outcome) => {
     entry.done = true
     if (outcome !== "taken" && outcome !== "pause") entry.dropped = true
     entry.state.entries.delete(entry)
     release(entry, outcome)
+    if (outcome === "taken") readAhead(entry.state)
   }
 
   const dropEntries = (state: PartitionState, outcome: Outcome) => {
@@ -310,6 +323,7 @@ export const makeFetch = (options: FetchOptions) => {
     }
     const entry = makeEntry(state, records, expected, end, lastMessageOffset)
     enqueue(entry)
+    if (state.entries.size === 1) release(entry, "ahead")
     return entry
   }
 
