@@ -505,11 +505,11 @@ const toHeaders = (raw: KafkaMessage["headers"]): Readonly<Record<string, Uint8A
 }
 
 /** @internal */
-export const toConsumerRecord = (topic: string, partition: number, message: KafkaMessage): ConsumerRecord => {
+export const toConsumerRecord = (tp: TopicPartition, message: KafkaMessage): ConsumerRecord => {
   const headers = toHeaders(message.headers)
   return {
-    topic,
-    partition,
+    topic: tp.topic,
+    partition: tp.partition,
     offset: BigInt(message.offset),
     key: message.key === null || message.key === undefined ? null : toBytes(message.key),
     value: message.value === null ? null : toBytes(message.value),
