@@ -31,7 +31,7 @@ const bytes = Number(option("bytes", "256"))
 const rounds = Number(option("rounds", "5"))
 const warmup = Number(option("warmup", "1"))
 const commits = list("commits", "HEAD")
-const works = list("work", "count") as Array<"count" | "read">
+const works = list("work", "count") as Array<"count" | "read" | "timer1ms">
 const handlers = list("handler", "chunk") as Array<"chunk" | "each">
 const log = (line: string) => process.stderr.write(`${line}\n`)
 const plan: Plan = { warmup, rounds, runTimeoutMillis: 600_000, log }
@@ -85,7 +85,7 @@ const main = async () => {
     try {
       const topic = await topics.get(records, bytes, 6)
       const variants: Array<Variant> = []
-      const raw = (handler: "chunk" | "each", work: "count" | "read") => `raw ${handler} ${work}`
+      const raw = (handler: "chunk" | "each", work: "count" | "read" | "timer1ms") => `raw ${handler} ${work}`
       for (const work of works) {
         for (const handler of handlers) {
           const mode = handler === "chunk" ? "eachBatch" : "eachMessage"
