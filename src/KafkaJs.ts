@@ -144,14 +144,16 @@ export type ProduceRecord = Omit<ProducerRecord, "topic">
  *
  * What kafkajs allows this adapter to guarantee:
  *
- * - **Fetching is backpressured per fetch.** Each kafkajs `eachBatch` call hands its records to `poll` and returns
- *   only once `poll` has returned them; kafkajs fetches again after every batch of a fetch was handed over. A paused
- *   partition's batch calls return at once and the adapter keeps their records (returned first on resume, never
- *   fetched twice); after two such batches kafkajs stops fetching the partition until it is resumed. So a slow
- *   partition never holds the others' fetches, and what a consumer holds is bounded by its `bufferSize` plus two
- *   fetches (`maxBytesPerPartition`) per partition, whatever the backlog. A newly assigned partition is fetched only
- *   once the runloop has sought it (kafkajs would otherwise start at the group's committed offset on its own); when
- *   every partition waits for its seek, kafkajs's fetch loop sleeps up to `maxWaitTime` before it looks again.
+ * - **Fetching is backpressured per fetch, one batch ahead.** Each kafkajs `eachBatch` call hands its records to
+ *   `poll`; it returns at once when `poll` has returned every earlier batch of the partition, so that kafkajs fetches
+ *   the next batch while the runloop reads this one, and otherwise once it has. kafkajs fetches again after every
+ *   batch call of a fetch returned. A paused partition's batch calls return at once and the adapter keeps their
+ *   records (returned first on resume, never fetched twice); after two such batches kafkajs stops fetching the
+ *   partition until it is resumed. So a slow partition never holds the others' fetches, and what a consumer holds is
+ *   bounded by its `bufferSize` plus two fetches (`maxBytesPerPartition`) per partition, whatever the backlog. A
+ *   newly assigned partition is fetched only once the runloop has sought it (kafkajs would otherwise start at the
+ *   group's committed offset on its own); when every partition waits for its seek, kafkajs's fetch loop sleeps up to
+ *   `maxWaitTime` before it looks again.
  * - **Offsets with gaps.** Every `Records` event accounts for its offsets exactly (`from`, `next`): kafkajs drops
  *   transaction markers and aborted records from a batch (and resolves a batch that this leaves empty without handing
  *   it over); the adapter follows kafkajs's fetch position through both, so the `Records` after a gap start where

@@ -16,6 +16,8 @@ const testKit: Layer.Layer<DriverTestKit, never, InMemoryKafka.InMemoryKafka> = 
     produce: (topic, partition, values) => kafka.produce(topic, values.map((value) => ({ value, partition }))),
     produceKeyed: (topic, partition, entries) =>
       kafka.produce(topic, entries.map(([key, value]) => ({ key, value, partition }))),
+    produceRecords: (topic, partition, records) =>
+      kafka.produce(topic, records.map((record) => ({ ...record, partition }))),
     produceTransaction: (topic, partition, values, outcome) =>
       kafka.produceTransaction(topic, values.map((value) => ({ value, partition })), outcome),
     compact: (topic) => kafka.compact(topic),

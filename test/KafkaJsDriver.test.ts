@@ -16,12 +16,14 @@ import {
   KafkaJSProtocolError,
   KafkaJSRequestTimeoutError,
   KafkaJSSASLAuthenticationError,
+  type KafkaMessage
 } from "kafkajs"
 import { inject } from "vitest"
 import { Driver } from "../src/Driver.js"
 import * as KafkaJs from "../src/KafkaJs.js"
 import { ConfigError, DriverError } from "../src/KafkaError.js"
-import { commitFailed, isRetriable } from "../src/internal/kafkajs.js"
+import { toPlain } from "../src/ConsumerRecord.js"
+import { commitFailed, isRetriable, toConsumerRecord } from "../src/internal/kafkajs.js"
 import { ResponseTap } from "../src/internal/kafkajsWire.js"
 import { driverSuite } from "./driverSuite.js"
 import { testKit } from "./support/kafkaKit.js"
@@ -332,3 +334,56 @@ describe("kafkajs errors, classified", () => {
   })
 })
 
+describe("records over kafkajs's messages", () => {
+  // A message as kafkajs decodes it; older message formats leave out the headers (and kafkajs types allow no key).
+  const message = (fields: Readonly<Record<string, unknown>>): KafkaMessage =>
+    Object.assign(
+      { key: null, value: Buffer.from("v"), timestamp: "1700000000000", attributes: 0, offset: "0", headers: {} },
+      fields
+    ) as never
+  const tp = { topic: "t", partition: 2 }
+  const text = (bytes: Uint8Array | null | undefined) => bytes == null ? bytes : new TextDecoder().decode(bytes)
+
+  it("offsets are exact at any size, below and above 2^53", () => {
+    for (const offset of ["0", "41", "4294967296", "9007199254740991", "9007199254740993", "9223372036854775807"]) {
+      assert.strictEqual(toConsumerRecord(tp, message({ offset })).offset, BigInt(offset))
+    }
+  })
+
+  it("headers: kafkajs's buffers as they are; a repeated header gives its last value, a text value its bytes", () => {
+    const single = { a: Buffer.from("1"), b: Buffer.from("2") }
+    const record = toConsumerRecord(tp, message({ headers: single }))
+    assert.deepStrictEqual(Object.keys(record.headers), ["a", "b"])
+    assert.strictEqual(text(record.headers.a), "1")
+    const mixed = toConsumerRecord(
+      tp,
+      message({ headers: { a: [Buffer.from("first"), Buffer.from("last")], b: "text", c: undefined } })
+    )
+    assert.deepStrictEqual(Object.keys(mixed.headers), ["a", "b"])
+    assert.strictEqual(text(mixed.headers.a), "last")
+    assert.instanceOf(mixed.headers.b, Uint8Array)
+    assert.strictEqual(text(mixed.headers.b), "text")
+    assert.deepStrictEqual(Object.keys(toConsumerRecord(tp, message({ headers: undefined })).headers), [])
+  })
+
+  it("a missing key and a tombstone read as null; printed and as JSON, a record shows its fields", () => {
+    const record = toConsumerRecord(tp, message({ key: undefined, value: null, offset: "7" }))
+    assert.strictEqual(record.key, null)
+    assert.strictEqual(record.value, null)
+    assert.strictEqual(record.timestamp, 1_700_000_000_000)
+    assert.deepStrictEqual(toPlain(record), {
+      topic: "t",
+      partition: 2,
+      offset: 7n,
+      key: null,
+      value: null,
+      headers: {},
+      timestamp: 1_700_000_000_000
+    })
+    assert.strictEqual(inspect(record), inspect(toPlain(record)))
+    assert.strictEqual(
+      JSON.stringify(record, (_, value) => typeof value === "bigint" ? value.toString() : value),
+      `{"topic":"t","partition":2,"offset":"7","key":null,"value":null,"headers":{},"timestamp":1700000000000}`
+    )
+  })
+})

@@ -14,8 +14,9 @@ import * as Fiber from "effect/Fiber"
 import type * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
+import { inspect } from "node:util"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
-import { valueString } from "../src/ConsumerRecord.js"
+import { toPlain, valueString } from "../src/ConsumerRecord.js"
 import type { DriverEvent, DriverSession, IsolationLevel, Subscription } from "../src/Driver.js"
 import { Driver } from "../src/Driver.js"
 import { CommitFailed } from "../src/KafkaError.js"
@@ -44,6 +45,12 @@ export class DriverTestKit extends Context.Tag("test/DriverTestKit")<DriverTestK
     partition: number,
     entries: ReadonlyArray<readonly [key: string, value: string]>
   ) => Effect.Effect<void, unknown>
+  /** Appends records with these keys (none when `null`), values, headers and timestamps to one partition, in order. */
+  readonly produceRecords: (
+    topic: string,
+    partition: number,
+    records: ReadonlyArray<ProducedRecord>
+  ) => Effect.Effect<void, unknown>
   /**
    * Appends these values to one partition in one transaction of a transactional producer, which commits or aborts
    * it. The transaction leaves a marker at the offset after its records; the records of an aborted one are never read.
@@ -61,6 +68,14 @@ export class DriverTestKit extends Context.Tag("test/DriverTestKit")<DriverTestK
   /** Per partition, the offset the next record will get. */
   readonly endOffsets: (topic: string) => Effect.Effect<ReadonlyMap<number, bigint>, unknown>
 }>() {}
+
+/** A record for `DriverTestKit.produceRecords`. */
+export interface ProducedRecord {
+  readonly key: string | null
+  readonly value: string | null
+  readonly headers: Readonly<Record<string, string>>
+  readonly timestamp: number
+}
 
 /**
  * Timing of the sessions the suite opens; defaults suit a real broker.
@@ -643,6 +658,72 @@ export const driverSuite = (
         const chunks = chunksOf(m, topic, 0)
         assert.strictEqual(chunks[0]!.from, 0n)
         assert.deepStrictEqual(chunks[0]!.offsets[0], 3n)
+      }).pipe(Effect.provide(env)), testTimeout)
+
+    it.scopedLive("a record reads as it was produced, and toPlain gives it as a plain object of its seven fields", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("fields")
+        yield* kit.createTopic(topic, 2)
+        const produced: ReadonlyArray<ProducedRecord> = [
+          {
+            key: "k-0",
+            value: "v-0",
+            headers: { trace: "t-0", "content-type": "text/plain" },
+            timestamp: 1_700_000_000_001
+          },
+          { key: null, value: "no key", headers: {}, timestamp: 1_700_000_000_002 },
+          { key: "k-2", value: null, headers: { only: "" }, timestamp: 1_700_000_000_003 }
+        ]
+        yield* kit.produceRecords(topic, 1, produced)
+        const m = yield* join("a", unique("group"), topics(topic))
+        yield* pollUntil([m], "the 3 records", () => offsetsOf(m, topic, 1).length >= 3)
+        const text = (bytes: Uint8Array | null) => bytes === null ? null : new TextDecoder().decode(bytes)
+        const records = recordsOf(m, topic, 1)
+        records.forEach((record, i) => {
+          const expected = produced[i]!
+          // What a handler reads, field by field.
+          assert.strictEqual(record.topic, topic)
+          assert.strictEqual(record.partition, 1)
+          assert.strictEqual(record.offset, BigInt(i))
+          assert.strictEqual(typeof record.offset, "bigint")
+          assert.strictEqual(record.timestamp, expected.timestamp)
+          assert.strictEqual(text(record.key), expected.key)
+          assert.strictEqual(text(record.value), expected.value)
+          if (record.key !== null) assert.instanceOf(record.key, Uint8Array)
+          if (record.value !== null) assert.instanceOf(record.value, Uint8Array)
+          const headers = Object.fromEntries(Object.entries(record.headers).map(([name, v]) => [name, text(v)]))
+          assert.deepStrictEqual(headers, expected.headers)
+          for (const value of Object.values(record.headers)) assert.instanceOf(value, Uint8Array)
+          // Read twice, the same.
+          assert.strictEqual(record.offset, record.offset)
+          assert.strictEqual(record.timestamp, record.timestamp)
+          // toPlain: a plain object of the seven fields, which spreads, clones and compares as data.
+          const plain = toPlain(record)
+          assert.strictEqual(Object.getPrototypeOf(plain), Object.prototype)
+          assert.deepStrictEqual(
+            Object.keys(plain).sort(),
+            ["headers", "key", "offset", "partition", "timestamp", "topic", "value"]
+          )
+          const spread = { ...plain }
+          assert.deepStrictEqual(
+            { ...spread, key: text(spread.key), value: text(spread.value), headers },
+            {
+              topic,
+              partition: 1,
+              offset: BigInt(i),
+              key: expected.key,
+              value: expected.value,
+              headers,
+              timestamp: expected.timestamp
+            }
+          )
+          assert.strictEqual(structuredClone(plain).offset, BigInt(i))
+          assert.deepStrictEqual(toPlain(plain), plain)
+          // Printed, a record shows its fields; JSON fails on the bigint offset as it does for any plain record.
+          assert.include(inspect(record), `offset: ${i}n`)
+          assert.throws(() => JSON.stringify(record), TypeError)
+        })
       }).pipe(Effect.provide(env)), testTimeout)
 
     it.scopedLive("records deleted past the committed position: OutOfRange at it, and reading on from earliest", () =>

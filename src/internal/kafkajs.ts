@@ -12,7 +12,7 @@ import type {
   RetryOptions as KafkaRetryOptions,
   SASLOptions
 } from "kafkajs"
-import type { ConsumerRecord } from "../ConsumerRecord.js"
+import { type ConsumerRecord, toPlain } from "../ConsumerRecord.js"
 import type { Config, LogLevel, RetryOptions, SaslOptions, TlsOptions } from "../KafkaJs.js"
 import { CommitFailed, ConfigError, DriverError } from "../KafkaError.js"
 import type { TopicPartition } from "../TopicPartition.js"
@@ -491,6 +491,16 @@ const noHeaders: Readonly<Record<string, Uint8Array>> = Object.freeze({})
 
 const toHeaders = (raw: KafkaMessage["headers"]): Readonly<Record<string, Uint8Array>> => {
   if (raw === undefined) return noHeaders
+  let plain = true
+  for (const name in raw) {
+    const value = raw[name]
+    if (typeof value !== "object" || Array.isArray(value)) {
+      plain = false
+      break
+    }
+  }
+  // kafkajs's own object when every header is a single `Buffer`, as decoded: nothing to convert.
+  if (plain) return raw as Readonly<Record<string, Buffer>>
   let headers: Record<string, Uint8Array> | undefined
   for (const name in raw) {
     const value = raw[name]
@@ -504,19 +514,60 @@ const toHeaders = (raw: KafkaMessage["headers"]): Readonly<Record<string, Uint8A
   return headers ?? noHeaders
 }
 
-/** @internal */
-export const toConsumerRecord = (topic: string, partition: number, message: KafkaMessage): ConsumerRecord => {
-  const headers = toHeaders(message.headers)
-  return {
-    topic,
-    partition,
-    offset: BigInt(message.offset),
-    key: message.key === null || message.key === undefined ? null : toBytes(message.key),
-    value: message.value === null ? null : toBytes(message.value),
-    headers,
-    timestamp: Number(message.timestamp)
+/**
+ * An offset as kafkajs gives it (decimal text). Below 2^53 the text goes through a `number`, which costs a third of
+ * parsing it as a `bigint`; a double at or below `MAX_SAFE_INTEGER` is the exact value.
+ */
+const toBigInt = (text: string): bigint => {
+  const n = +text
+  return n <= Number.MAX_SAFE_INTEGER ? BigInt(n) : BigInt(text)
+}
+
+const inspect = Symbol.for("nodejs.util.inspect.custom")
+
+/**
+ * A record over kafkajs's message: one object of two fields, which reads each field of the record from the message
+ * when it is read (the offset and the timestamp are parsed then, on every read). A plain record costs three objects
+ * (the record, its `bigint` offset, its timestamp's boxed `number`) and every field converted whether read or not.
+ * The fields are getters of the class, not properties of the object: `{ ...record }` and `structuredClone(record)`
+ * copy none of them, and a deep equality with a plain object fails; `ConsumerRecord.toPlain` gives the plain record.
+ */
+class KafkaJsRecord implements ConsumerRecord {
+  constructor(private readonly tp: TopicPartition, private readonly message: KafkaMessage) {}
+  get topic(): string {
+    return this.tp.topic
+  }
+  get partition(): number {
+    return this.tp.partition
+  }
+  get offset(): bigint {
+    return toBigInt(this.message.offset)
+  }
+  get key(): Uint8Array | null {
+    const key = this.message.key
+    return key === null || key === undefined ? null : toBytes(key)
+  }
+  get value(): Uint8Array | null {
+    const value = this.message.value
+    return value === null ? null : toBytes(value)
+  }
+  get headers(): Readonly<Record<string, Uint8Array>> {
+    return toHeaders(this.message.headers)
+  }
+  get timestamp(): number {
+    return +this.message.timestamp
+  }
+  toJSON(): ConsumerRecord {
+    return toPlain(this)
+  }
+  [inspect](): ConsumerRecord {
+    return toPlain(this)
   }
 }
+
+/** @internal */
+export const toConsumerRecord = (tp: TopicPartition, message: KafkaMessage): ConsumerRecord =>
+  new KafkaJsRecord(tp, message)
 
 /** @internal */
 export const toBuffer = (value: string | Uint8Array): Buffer | string =>

@@ -9,7 +9,7 @@
  */
 import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
-import type { Batch, Consumer, EachBatchPayload } from "kafkajs"
+import type { Batch, Consumer, EachBatchPayload, KafkaMessage } from "kafkajs"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
 import type { DriverEvent, PartitionOffsets } from "../Driver.js"
 import { DriverError } from "../KafkaError.js"
@@ -19,6 +19,8 @@ import { describe, toConsumerRecord } from "./kafkajs.js"
 /**
  * Why an `eachBatch` call stopped waiting for the runloop:
  * - `taken`: `poll` returned all its records
+ * - `ahead`: the partition's earlier batches were all returned; the records are kept until `poll` returns them, and
+ *   kafkajs advances past the whole batch and fetches the next one meanwhile
  * - `seek`/`stale`: the records are no longer wanted (a seek, or a new generation); kafkajs must not advance
  * - `pause`: the partition was paused; the records not yet returned are kept (handed out first on resume), so
  *   kafkajs advances past the whole batch and fetches nothing of it again
@@ -27,14 +29,18 @@ import { describe, toConsumerRecord } from "./kafkajs.js"
  *
  * @internal
  */
-export type Outcome = "taken" | "seek" | "stale" | "pause" | "revoke" | "close"
+export type Outcome = "taken" | "ahead" | "seek" | "stale" | "pause" | "revoke" | "close"
 
 /** @internal */
 export interface RecordsEntry {
   readonly _tag: "Records"
   readonly state: PartitionState
-  readonly records: ReadonlyArray<ConsumerRecord>
-  /** The offsets the batch accounts for: `[start, end)` holds nothing readable besides `records`. */
+  /**
+   * kafkajs's messages, from the first at or after the runloop's position. Each becomes a record when `poll` returns
+   * it, not before: kafkajs fetches the next batch only once every batch call of its last fetch returned.
+   */
+  readonly messages: ReadonlyArray<KafkaMessage>
+  /** The offsets the batch accounts for: `[start, end)` holds nothing readable besides `messages`. */
   readonly start: bigint
   readonly end: bigint
   /** kafkajs's offset of the batch's last readable message: resolving it resolves the whole batch (to `end`). */
@@ -128,9 +134,10 @@ const fetchedOffsetOf = (batch: Batch): bigint | undefined => {
 
 const sleep = (millis: number) => new Promise<void>((resolve) => setTimeout(resolve, millis))
 
+const offsetAt = (entry: RecordsEntry, index: number): bigint => BigInt(entry.messages[index]!.offset)
+
 /** Where the entry's records not yet returned are accounted from. */
-const cursor = (entry: RecordsEntry): bigint =>
-  entry.next === 0 ? entry.start : entry.records[entry.next - 1]!.offset + 1n
+const cursor = (entry: RecordsEntry): bigint => entry.next === 0 ? entry.start : offsetAt(entry, entry.next - 1) + 1n
 
 /** @internal */
 export const makeFetch = (options: FetchOptions) => {
@@ -148,12 +155,23 @@ export const makeFetch = (options: FetchOptions) => {
     entry.release(outcome)
   }
 
+  /**
+   * The partition's oldest batch, once every batch before it was returned, lets its call go: kafkajs fetches the next
+   * batch while the runloop reads this one, instead of after. A partition keeps at most two batches: the one read and
+   * the next, whose call waits until the one read is all returned (kafkajs fetches nothing meanwhile).
+   */
+  const readAhead = (state: PartitionState) => {
+    const [first] = state.entries
+    if (first !== undefined && states.get(state.key) === state) release(first, "ahead")
+  }
+
   /** The entry's records are all returned, or no longer wanted; its call (if still waiting) learns why. */
   const finish = (entry: RecordsEntry, outcome: Outcome) => {
     entry.done = true
     if (outcome !== "taken" && outcome !== "pause") entry.dropped = true
     entry.state.entries.delete(entry)
     release(entry, outcome)
+    if (outcome === "taken") readAhead(entry.state)
   }
 
   const dropEntries = (state: PartitionState, outcome: Outcome) => {
@@ -234,7 +252,7 @@ export const makeFetch = (options: FetchOptions) => {
 
   const makeEntry = (
     state: PartitionState,
-    records: ReadonlyArray<ConsumerRecord>,
+    messages: ReadonlyArray<KafkaMessage>,
     start: bigint,
     end: bigint,
     lastMessageOffset: string
@@ -246,7 +264,7 @@ export const makeFetch = (options: FetchOptions) => {
     const entry: RecordsEntry = {
       _tag: "Records",
       state,
-      records,
+      messages,
       start,
       end,
       lastMessageOffset,
@@ -304,12 +322,9 @@ export const makeFetch = (options: FetchOptions) => {
       state.fetchPosition = end
       return undefined
     }
-    const records: Array<ConsumerRecord> = []
-    for (let i = first; i < messages.length; i++) {
-      records.push(toConsumerRecord(batch.topic, batch.partition, messages[i]!))
-    }
-    const entry = makeEntry(state, records, expected, end, lastMessageOffset)
+    const entry = makeEntry(state, first === 0 ? messages : messages.slice(first), expected, end, lastMessageOffset)
     enqueue(entry)
+    if (state.entries.size === 1) release(entry, "ahead")
     return entry
   }
 
@@ -438,8 +453,8 @@ export const makeFetch = (options: FetchOptions) => {
       // A seek onto the batch in hand keeps it (and kafkajs's position): only the records before the position go.
       const [first] = state.entries
       if (first !== undefined && cursor(first) <= position && position < first.end) {
-        while (first.next < first.records.length && first.records[first.next]!.offset < position) first.next++
-        if (first.next >= first.records.length) finish(first, "taken")
+        while (first.next < first.messages.length && offsetAt(first, first.next) < position) first.next++
+        if (first.next >= first.messages.length) finish(first, "taken")
         syncFetching(state)
         return Effect.void
       }
@@ -540,10 +555,13 @@ export const makeFetch = (options: FetchOptions) => {
             continue
           }
           const from = state.position ?? cursor(entry)
-          while (entry.next < entry.records.length && entry.records[entry.next]!.offset < from) entry.next++
-          const records = entry.records.slice(entry.next, entry.next + room)
-          entry.next += records.length
-          const all = entry.next >= entry.records.length
+          const messages = entry.messages
+          while (entry.next < messages.length && offsetAt(entry, entry.next) < from) entry.next++
+          const until = Math.min(messages.length, entry.next + room)
+          const records: Array<ConsumerRecord> = []
+          for (let i = entry.next; i < until; i++) records.push(toConsumerRecord(state.partition, messages[i]!))
+          entry.next = until
+          const all = until >= messages.length
           if (records.length > 0) {
             const next = all ? entry.end : records[records.length - 1]!.offset + 1n
             counts.set(state.key, (counts.get(state.key) ?? 0) + records.length)
@@ -555,7 +573,7 @@ export const makeFetch = (options: FetchOptions) => {
               from,
               next
             })
-          } else if (entry.records.length === 0 && entry.end > from) {
+          } else if (messages.length === 0 && entry.end > from) {
             // A batch filtering emptied: nothing to read, and the position moves past it.
             state.position = entry.end
             out.push({ _tag: "Records", partition: state.partition, records: Chunk.empty(), from, next: entry.end })

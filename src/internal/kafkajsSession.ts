@@ -199,8 +199,28 @@ export const connect = (
     let failure: DriverError | undefined
     let crash: unknown
 
+    /**
+     * Entries queued since the first fetched batch of this turn of the event loop, handed to `poll` at the end of it.
+     * kafkajs sends its next fetch only after every batch call of the last one returned, through a chain of promise
+     * callbacks; the runloop, woken at once, would handle the records in between (Effect's fibers run on the same
+     * microtask queue) and the fetch would wait for it. Handed over a turn later, the records are handled while the
+     * broker answers the next fetch. Everything queued meanwhile follows them, in order.
+     */
+    let deferred: Array<Entry> | undefined
+    const flush = () => {
+      const entries = deferred ?? []
+      deferred = undefined
+      for (const entry of entries) queue.unsafeOffer(entry)
+    }
     const enqueue = (entry: Entry) => {
-      queue.unsafeOffer(entry)
+      if (deferred !== undefined) {
+        deferred.push(entry)
+      } else if (entry._tag === "Records") {
+        deferred = [entry]
+        setImmediate(flush)
+      } else {
+        queue.unsafeOffer(entry)
+      }
     }
 
     const releaseRevoke = (r: Revoke) => {
@@ -383,8 +403,8 @@ export const connect = (
         await heartbeat(payload, entry)
         outcome = await waitAtMost(entry.outcome, tick)
       }
-      // Taken, or kept by the adapter while the partition is paused: either way kafkajs moves past the batch.
-      if (outcome === "taken" || outcome === "pause") fetcher.resolved(entry, payload)
+      // Taken, or kept by the adapter (read ahead, or while the partition is paused): kafkajs moves past the batch.
+      if (outcome === "taken" || outcome === "ahead" || outcome === "pause") fetcher.resolved(entry, payload)
     }
 
     const poll: Effect.Effect<ReadonlyArray<DriverEvent>, DriverError> = Effect.gen(function*() {

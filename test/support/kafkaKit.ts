@@ -142,6 +142,8 @@ export const testKit = (brokers: string): Layer.Layer<DriverTestKit> =>
       Effect.forEach(entries, ([key, value]) => KafkaJs.produce(brokers, topic, [{ partition, key, value }]), {
         discard: true
       }),
+    produceRecords: (topic, partition, records) =>
+      KafkaJs.produce(brokers, topic, records.map((record) => ({ ...record, partition }))),
     produceTransaction: (topic, partition, values, outcome) =>
       transaction(brokers, topic, partition, values.map((value) => ({ key: `${partition}`, value })), outcome),
     compact: (topic) =>
