@@ -113,6 +113,25 @@ export class RouteFailure {
   constructor(readonly error: ProduceFailed | CircuitOpen<unknown>) {}
 }
 
+/**
+ * Where the record at `offset` is in `records`, whose offsets grow: by halves, reading records in place (a chunk may
+ * be a slice, which a search through its iterator would copy); -1 when it is not there.
+ */
+const indexOf = (records: Chunk.Chunk<ConsumerRecord>, offset: bigint): number => {
+  let low = 0
+  let high = Chunk.size(records) - 1
+  while (low <= high) {
+    const middle = (low + high) >>> 1
+    const found = Chunk.unsafeGet(records, middle).offset
+    if (found === offset) return middle
+    if (found < offset) low = middle + 1
+    else high = middle - 1
+  }
+  // Not found by halves: offsets that do not grow would be a caller's mistake, but the record is looked for anyway.
+  for (let i = 0; i < Chunk.size(records); i++) if (Chunk.unsafeGet(records, i).offset === offset) return i
+  return -1
+}
+
 /** The handler as the runloop calls it. */
 export type Work<E, R> = (
   records: Chunk.Chunk<ConsumerRecord>,
@@ -348,17 +367,19 @@ export const makeRouter = <E, R>(
         { discard: true }
       )
     }
-    const at = Chunk.findFirstIndex(records, (record) => record.offset === offset)
-    if (Option.isNone(at)) return Effect.fail(failure)
-    const record = Chunk.unsafeGet(records, at.value)
-    const rest = Chunk.drop(records, at.value + 1)
-    const before = at.value === 0
+    const at = indexOf(records, offset)
+    if (at < 0) return Effect.fail(failure)
+    const record = Chunk.unsafeGet(records, at)
+    const before = at === 0
       ? Effect.void
       : failure.handledBefore
-      ? handled(tp, Chunk.unsafeGet(records, at.value - 1).offset)
-      : inPlaceIn(pending, Chunk.take(records, at.value), tp)
+      ? handled(tp, Chunk.unsafeGet(records, at - 1).offset)
+      : inPlaceIn(pending, Chunk.take(records, at), tp)
     const routed = Effect.zipRight(before, single(pending, record, tp, failure))
-    return Chunk.isEmpty(rest) ? routed : Effect.zipRight(routed, inPlaceIn(pending, rest, tp))
+    // The rest is a slice of the same records (a view, not a copy), however many records of the chunk fail.
+    return at + 1 === Chunk.size(records)
+      ? routed
+      : Effect.zipRight(routed, Effect.suspend(() => inPlaceIn(pending, Chunk.drop(records, at + 1), tp)))
   }
 
   // rerun: records marked in an earlier attempt of their unit are routed; the others are handled.
