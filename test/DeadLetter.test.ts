@@ -295,14 +295,20 @@ describe("the dead-letter route", () => {
     }).pipe(Effect.provide(env)))
 
   // Under commitAfter a unit does not wait for its dead letters: the commit does, once it has taken its positions.
-  // The dead-letter writes here wait for a gate; while they wait, no commit passes the record.
+  // The dead-letter writes here wait for a gate, however they are sent; while they wait, no commit passes the record.
   const gatedDeadLetters = (gate: Deferred.Deferred<void, ProduceFailed>) =>
     Layer.effect(
       Producer.Producer,
       Effect.map(Producer.Producer, (producer) => ({
         ...producer,
         send: (record: Producer.ProducerRecord) =>
-          record.topic === dlq ? Effect.zipRight(Deferred.await(gate), producer.send(record)) : producer.send(record)
+          record.topic === dlq ? Effect.zipRight(Deferred.await(gate), producer.send(record)) : producer.send(record),
+        sendAll: (records: Iterable<Producer.ProducerRecord>) => {
+          const all = Array.from(records)
+          return all.some((record) => record.topic === dlq)
+            ? Effect.zipRight(Deferred.await(gate), producer.sendAll(all))
+            : producer.sendAll(all)
+        }
       }))
     ).pipe(Layer.provideMerge(env))
 

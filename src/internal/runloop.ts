@@ -87,6 +87,14 @@ export type RouteError<E> = ProduceFailed | CircuitOpen<E>
 
 export { HandlerFailure, type Work } from "./route.js"
 
+/**
+ * How long a routed record waits for others to be written with it, under a policy whose commits wait for the writes:
+ * 50 ms, or the route's shortest retry delay when that is shorter (a retry is not held back by much more than its
+ * own delay). A commit writes what waits at once.
+ */
+const sideWritesWait = (route: RouteSettings | undefined): Duration.Duration =>
+  Duration.millis(Math.min(50, ...(route?.delays ?? [])))
+
 /** A unit given up because its partition is being revoked (see `abandon`). */
 class Abandoned {
   readonly _tag = "Abandoned"
@@ -282,7 +290,7 @@ const runSession = <E, R, EH, RH>(
     // The route's writes that units do not wait for, under a policy whose commits do. Added before the revoke on
     // shutdown, this finalizer runs after it: that revoke's commit waits for the writes; any still in flight (the
     // consumer ended without committing them) are let end, for as long as a reconnect could take.
-    const sideWrites = makeSideWrites()
+    const sideWrites = makeSideWrites(sideWritesWait(config.route))
     yield* Effect.addFinalizer(() => crashed ? sideWrites.close(Duration.zero) : sideWrites.close(config.reconnectTimeout))
     const acknowledged: Effect.Effect<boolean> = config.route === undefined
       ? Effect.succeed(true)
