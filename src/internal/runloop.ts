@@ -144,6 +144,8 @@ interface PartitionState {
   /** Records fetched and not yet handled; fetching pauses before it can pass `bufferSize`. */
   outstanding: number
   paused: boolean
+  /** Paused until a retry topic's next record is due (the driver was told it stays paused for a while). */
+  held: boolean
   stopping: boolean
   worker: Fiber.RuntimeFiber<void> | undefined
   /** When records finish out of order: the lowest unfinished offset and the ranges finished above it. */
@@ -348,6 +350,7 @@ const runSession = <E, R, EH, RH>(
       !state.paused ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
         if (!state.paused || state.stopping || !roomFor(state)) return Effect.void
         state.paused = false
+        state.held = false
         return guard(session.resume([state.tp]))
       }))
 
@@ -456,9 +459,10 @@ const runSession = <E, R, EH, RH>(
     const waitUntil = (state: PartitionState, due: number): Effect.Effect<void> =>
       Effect.zipRight(
         state.lock.withPermits(1)(Effect.suspend(() => {
-          if (state.paused) return Effect.void
+          if (state.held) return Effect.void
           state.paused = true
-          return guard(session.pause([state.tp]))
+          state.held = true
+          return guard(session.pause([state.tp], { hold: true }))
         })),
         Effect.flatMap(Clock.currentTimeMillis, (now) => {
           const step = (left: number): Effect.Effect<void> =>
@@ -771,6 +775,7 @@ const runSession = <E, R, EH, RH>(
             skips: 0,
             outstanding: 0,
             paused: false,
+            held: false,
             stopping: false,
             worker: undefined,
             progress: inOrder ? undefined : new Progress(position, finishedBefore),
