@@ -12,7 +12,7 @@
  * - `commitAfter`, `autoCommit`: the dead-letter write is acknowledged before the position passes the record; a crash
  *   in between writes it again (the dead-letter topic can hold it twice), never loses it. The partition does not wait
  *   for the write, and records routed close together are written together, in one `sendAll`: a routed record waits up
- *   to 50 ms for others (at most the route's shortest retry delay), or until a commit needs it.
+ *   to 100 ms for others (at most a tenth of the route's shortest retry delay), or until a commit needs it.
  * - `atMostOnce`: the handler is called once; a record it failed on is dead-lettered without retries, after its
  *   position was committed, so a crash can lose it, as the policy says of every record.
  * - `kafkaTransactional`: the unit is aborted and handled again without the record, which is dead-lettered in the

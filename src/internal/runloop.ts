@@ -89,11 +89,11 @@ export { HandlerFailure, type Work } from "./route.js"
 
 /**
  * How long a routed record waits for others to be written with it, under a policy whose commits wait for the writes:
- * 50 ms, or the route's shortest retry delay when that is shorter (a retry is not held back by much more than its
- * own delay). A commit writes what waits at once.
+ * 100 ms, or a tenth of the route's shortest retry delay when that is less (a retry is held back by at most a tenth of
+ * its delay). A commit writes what waits at once.
  */
 const sideWritesWait = (route: RouteSettings | undefined): Duration.Duration =>
-  Duration.millis(Math.min(50, ...(route?.delays ?? [])))
+  Duration.millis(Math.min(100, ...(route?.delays ?? []).map((delay) => delay / 10)))
 
 /** A unit given up because its partition is being revoked (see `abandon`). */
 class Abandoned {
