@@ -106,7 +106,8 @@ export const deadLetter = (options: { readonly topic: string; readonly maxInARow
  * Non-blocking retries: a record that keeps failing is written to the retry topic `<source>-retry-0` with the time
  * it is due (now + `delays[0]`), and the partition goes on at once. The consumer reads the retry topics too (they
  * are added to its subscription): a retry topic's partition waits, paused, until its next record is due (no handler
- * sleeps), then hands it over; a record failing there goes to `<source>-retry-1`, and so on; after the last retry, to
+ * sleeps), then hands it over, with the records due within a twentieth of the shortest delay (at most 50 ms) after
+ * it; a record failing there goes to `<source>-retry-1`, and so on; after the last retry, to
  * `deadLetter.topic`. Each write keeps the record's key, value and headers, and the `dead-letter-*` headers name the
  * record's first place (topic, partition, offset) and its attempts so far. The guarantee of each write is that of the
  * dead-letter write under the same policy (see the module's documentation). Create the retry topics beforehand. The

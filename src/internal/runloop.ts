@@ -293,6 +293,8 @@ const runSession = <E, R, EH, RH>(
     // shutdown, this finalizer runs after it: that revoke's commit waits for the writes; any still in flight (the
     // consumer ended without committing them) are let end, for as long as a reconnect could take.
     const sideWrites = makeSideWrites(sideWritesWait(config.route))
+    // Half the writes' wait: a retry is handed over at most 50 ms, or a twentieth of the shortest delay, after it is due.
+    const dueSlack = Duration.toMillis(sideWritesWait(config.route)) / 2
     yield* Effect.addFinalizer(() => crashed ? sideWrites.close(Duration.zero) : sideWrites.close(config.reconnectTimeout))
     const acknowledged: Effect.Effect<boolean> = config.route === undefined
       ? Effect.succeed(true)
@@ -434,7 +436,9 @@ const runSession = <E, R, EH, RH>(
 
     /**
      * A chunk of a retry topic: the records that are due are handled; at the first that is not, the partition pauses
-     * until it is (no handler waits), then goes on. A revoke ends the wait; the rest is left to the next owner.
+     * until it is (no handler waits), then goes on. A revoke ends the wait; the rest is left to the next owner. The
+     * wait lasts `dueSlack` past the record's due time, so that the records due just after it (routed close together,
+     * and written together) are handed over with it, in one unit, rather than each after a wait of its own.
      */
     const whenDue = (
       state: PartitionState,
@@ -448,7 +452,7 @@ const runSession = <E, R, EH, RH>(
         const before = at.value === 0 ? Effect.succeed(true) : kept(state, Chunk.take(records, at.value), waiting.offset)
         return Effect.flatMap(before, (done) =>
           !done ? Effect.succeed(false) : Effect.zipRight(
-            waitUntil(state, dueOf(waiting)!),
+            waitUntil(state, dueOf(waiting)! + dueSlack),
             Effect.suspend(() =>
               state.stopping ? Effect.succeed(false) : whenDue(state, Chunk.drop(records, at.value), position)
             )
