@@ -434,11 +434,24 @@ export const runEach = <C extends Config, E, R, EH = never, RH = never>(
   Effect.flatMap(resolve(config), (resolved) => {
     const call = (record: ConsumerRecord) =>
       Effect.mapError(handler(record), (error) => new runloop.HandlerFailure(error, record.offset))
-    return typed<C, E, EH, R | Exclude<RH, Scope.Scope>>(runloop.run(
-      resolved,
-      (records) => Chunk.size(records) === 1 ? call(Chunk.unsafeHead(records)) : Effect.forEach(records, call, { discard: true }),
-      hooks
-    ))
+    // The records by index, not through `Effect.forEach`, which copies a chunk into an array (twice for a slice: the
+    // rest of a chunk after a failed record, which the failure route hands back).
+    // Each run of the effect (a retry runs it again) starts from the first record.
+    const each = (records: Chunk.Chunk<ConsumerRecord>) => {
+      const size = Chunk.size(records)
+      if (size === 1) return call(Chunk.unsafeHead(records))
+      return Effect.suspend(() => {
+        let i = 0
+        return Effect.whileLoop({
+          while: () => i < size,
+          body: () => call(Chunk.unsafeGet(records, i)),
+          step: () => {
+            i++
+          }
+        })
+      })
+    }
+    return typed<C, E, EH, R | Exclude<RH, Scope.Scope>>(runloop.run(resolved, each, hooks))
   })
 
 /**

@@ -156,7 +156,14 @@ export interface DriverSession {
    * the partition's next `Records` starts from `position` (or an `OutOfRange` says that it cannot).
    */
   readonly seek: (partition: TopicPartition, position: bigint) => Effect.Effect<void, DriverError>
-  readonly pause: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void>
+  /**
+   * Stops returning the partitions' records until `resume`. `hold`: they stay paused for a while (a retry topic's
+   * partition waiting until its next record is due), so the driver need not keep fetching ahead for them.
+   */
+  readonly pause: (
+    partitions: ReadonlyArray<TopicPartition>,
+    options?: { readonly hold?: boolean | undefined }
+  ) => Effect.Effect<void>
   readonly resume: (partitions: ReadonlyArray<TopicPartition>) => Effect.Effect<void>
 }
 

@@ -10,7 +10,9 @@
  * the position are tied follows the commit policy:
  *
  * - `commitAfter`, `autoCommit`: the dead-letter write is acknowledged before the position passes the record; a crash
- *   in between writes it again (the dead-letter topic can hold it twice), never loses it.
+ *   in between writes it again (the dead-letter topic can hold it twice), never loses it. The partition does not wait
+ *   for the write, and records routed close together are written together, in one `sendAll`: a routed record waits up
+ *   to 100 ms for others (at most a tenth of the route's shortest retry delay), or until a commit needs it.
  * - `atMostOnce`: the handler is called once; a record it failed on is dead-lettered without retries, after its
  *   position was committed, so a crash can lose it, as the policy says of every record.
  * - `kafkaTransactional`: the unit is aborted and handled again without the record, which is dead-lettered in the
@@ -104,7 +106,8 @@ export const deadLetter = (options: { readonly topic: string; readonly maxInARow
  * Non-blocking retries: a record that keeps failing is written to the retry topic `<source>-retry-0` with the time
  * it is due (now + `delays[0]`), and the partition goes on at once. The consumer reads the retry topics too (they
  * are added to its subscription): a retry topic's partition waits, paused, until its next record is due (no handler
- * sleeps), then hands it over; a record failing there goes to `<source>-retry-1`, and so on; after the last retry, to
+ * sleeps), then hands it over, with the records due within a twentieth of the shortest delay (at most 50 ms) after
+ * it; a record failing there goes to `<source>-retry-1`, and so on; after the last retry, to
  * `deadLetter.topic`. Each write keeps the record's key, value and headers, and the `dead-letter-*` headers name the
  * record's first place (topic, partition, offset) and its attempts so far. The guarantee of each write is that of the
  * dead-letter write under the same policy (see the module's documentation). Create the retry topics beforehand. The

@@ -30,6 +30,7 @@ import { type CrashPoint, Faults } from "./Faults.js"
 import * as groups from "./internal/memoryGroups.js"
 import * as memoryLog from "./internal/memoryLog.js"
 import { partitionOfKey } from "./internal/murmur2.js"
+import { utf8EncodeInto, utf8Length } from "./internal/utf8.js"
 import * as producer from "./internal/producer.js"
 import {
   CommitFailed,
@@ -187,6 +188,29 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
 
 const encoder = new TextEncoder()
 const bytes = (value: Uint8Array | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
+
+/**
+ * A record's headers as bytes: string values are encoded into one array, each header a view of its part of it (a
+ * dead letter's eight headers are one allocation, not eight).
+ */
+const headerBytes = (given: Readonly<Record<string, Uint8Array | string>>): Record<string, Uint8Array> => {
+  const entries = Object.entries(given)
+  let size = 0
+  for (const [, value] of entries) if (typeof value === "string") size += utf8Length(value)
+  const all = new Uint8Array(size)
+  const headers: Record<string, Uint8Array> = {}
+  let at = 0
+  for (const [name, value] of entries) {
+    if (typeof value !== "string") {
+      headers[name] = value
+      continue
+    }
+    const end = utf8EncodeInto(value, all, at)
+    headers[name] = all.subarray(at, end)
+    at = end
+  }
+  return headers
+}
 
 /**
  * Builds the broker's state and its operations. Exposed through `layer`.
@@ -547,8 +571,7 @@ const makeBroker = (options: Options) =>
               new DriverError({ operation, reason: `topic "${topic.name}" has no partition ${partition}` })
             )
           }
-          const headers: Record<string, Uint8Array> = {}
-          if (r.headers !== undefined) for (const [k, v] of Object.entries(r.headers)) headers[k] = bytes(v)
+          const headers = r.headers === undefined ? {} : headerBytes(r.headers)
           const value = r.value === null ? null : bytes(r.value)
           let list = byPartition.get(partition)
           if (list === undefined) {

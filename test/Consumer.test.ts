@@ -117,8 +117,10 @@ describe("Consumer", () => {
       yield* settled("committed", Effect.map(committedTotal("g"), (n) => n === 30n))
       yield* Fiber.interrupt(fiber)
       assert.strictEqual(attempts, 3)
-      // Every record was handled, in order; the retried chunk started again at its first record.
+      // Every record was handled, in order; the retried chunk started again at its first record, on every attempt.
       assert.deepStrictEqual([...new Set(handled)], Array.from({ length: 30 }, (_, i) => BigInt(i)))
+      const range = (from: number, to: number) => Array.from({ length: to - from }, (_, i) => BigInt(from + i))
+      assert.deepStrictEqual(handled, [...range(0, 15), ...range(10, 15), ...range(10, 30)])
     })))
 
   it.effect("when retries run out the consumer fails with HandlerFailed naming the record, and nothing past it is committed", () =>

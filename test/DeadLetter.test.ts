@@ -295,14 +295,20 @@ describe("the dead-letter route", () => {
     }).pipe(Effect.provide(env)))
 
   // Under commitAfter a unit does not wait for its dead letters: the commit does, once it has taken its positions.
-  // The dead-letter writes here wait for a gate; while they wait, no commit passes the record.
+  // The dead-letter writes here wait for a gate, however they are sent; while they wait, no commit passes the record.
   const gatedDeadLetters = (gate: Deferred.Deferred<void, ProduceFailed>) =>
     Layer.effect(
       Producer.Producer,
       Effect.map(Producer.Producer, (producer) => ({
         ...producer,
         send: (record: Producer.ProducerRecord) =>
-          record.topic === dlq ? Effect.zipRight(Deferred.await(gate), producer.send(record)) : producer.send(record)
+          record.topic === dlq ? Effect.zipRight(Deferred.await(gate), producer.send(record)) : producer.send(record),
+        sendAll: (records: Iterable<Producer.ProducerRecord>) => {
+          const all = Array.from(records)
+          return all.some((record) => record.topic === dlq)
+            ? Effect.zipRight(Deferred.await(gate), producer.sendAll(all))
+            : producer.sendAll(all)
+        }
       }))
     ).pipe(Layer.provideMerge(env))
 
@@ -545,6 +551,42 @@ describe("retry topics", () => {
         [source, 0, 7n, 3, "Refused"]
       )
       assert.isUndefined(FailureRoute.dueOf(letters[0]!), "a dead letter is not due anywhere")
+    }).pipe(Effect.provide(env)))
+
+  it.live("records routed close together are retried together, none before it is due", () =>
+    Effect.gen(function*() {
+      for (const topic of [source, `${source}-retry-0`, dlq]) yield* InMemoryKafka.createTopic(topic, 1)
+      const count = 40
+      yield* InMemoryKafka.produce(source, Array.from({ length: count }, (_, i) => ({ value: String(i), partition: 0 })))
+      const retried: Array<string> = []
+      const early: Array<string> = []
+      const fiber = yield* Effect.fork(
+        Consumer.runEach(
+          {
+            groupId: "g",
+            topics: [source],
+            retry: Schedule.recurs(0),
+            onFailure: FailureRoute.retryTopics(["200 millis"], { deadLetter: { topic: dlq }, maxInARow: 100 })
+          },
+          (record) =>
+            Effect.gen(function*() {
+              const value = valueString(record)!
+              // Every record fails once on the main topic, a couple of milliseconds after the one before it: their
+              // retries come due a couple of milliseconds apart.
+              if (record.topic === source) {
+                yield* Effect.sleep("2 millis")
+                return yield* Effect.fail(new Refused({ id: Number(value) }))
+              }
+              const due = FailureRoute.dueOf(record)!
+              if ((yield* Clock.currentTimeMillis) < due) early.push(value)
+              retried.push(value)
+            })
+        ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 10, maxInterval: "50 millis" })))
+      )
+      yield* waitFor("every retry", () => retried.length === count)
+      yield* Fiber.interrupt(fiber)
+      assert.deepStrictEqual(early, [], "a retry was handed over before it was due")
+      assert.deepStrictEqual(retried, Array.from({ length: count }, (_, i) => String(i)))
     }).pipe(Effect.provide(env)))
 
   it.effect("retry topics need a topic subscription and valid delays", () =>

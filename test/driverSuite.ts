@@ -556,6 +556,29 @@ export const driverSuite = (
         assert.deepStrictEqual(offsetsOf(m, topic, 0), range(0, 20))
       }).pipe(Effect.provide(env)), testTimeout)
 
+    it.scopedLive("a pause that holds (a retry topic waiting): nothing of the partition meanwhile, then all of it once and in order", () =>
+      Effect.gen(function*() {
+        const kit = yield* DriverTestKit
+        const topic = unique("pause-hold")
+        yield* kit.createTopic(topic, 2)
+        yield* kit.produce(topic, 0, values(0, 0, 10))
+        const m = yield* join("a", unique("group"), topics(topic), { maxPollRecords: 3 })
+        yield* pollUntil([m], "partition 0's first records", () => offsetsOf(m, topic, 0).length > 0)
+        yield* m.session.pause([tp(topic, 0)], { hold: true })
+        const beforePause = offsetsOf(m, topic, 0)
+        // Records keep coming to the held partition, one write at a time, while another partition is read.
+        for (let i = 10; i < 15; i++) yield* kit.produce(topic, 0, values(0, i, 1))
+        yield* kit.produce(topic, 1, values(1, 0, 5))
+        yield* pollUntil([m], "partition 1's records", () => offsetsOf(m, topic, 1).length >= 5)
+        assert.deepStrictEqual(offsetsOf(m, topic, 0), beforePause, "records of a held partition were returned")
+
+        yield* m.session.resume([tp(topic, 0)])
+        yield* pollUntil([m], "the rest of partition 0 after resume", () => offsetsOf(m, topic, 0).length >= 15)
+        yield* kit.produce(topic, 0, values(0, 15, 2))
+        yield* pollUntil([m], "records written after resume", () => offsetsOf(m, topic, 0).length >= 17)
+        assert.deepStrictEqual(offsetsOf(m, topic, 0), range(0, 17))
+      }).pipe(Effect.provide(env)), testTimeout)
+
     it.scopedLive("transaction markers and aborted records leave gaps; the chain of Records spans them exactly", () =>
       Effect.gen(function*() {
         const kit = yield* DriverTestKit

@@ -86,6 +86,8 @@ export interface PartitionState {
   readonly entries: Set<RecordsEntry>
   /** The runloop paused the partition: `poll` returns none of its records. */
   paused: boolean
+  /** Paused for a while (`pause` with `hold`): kafkajs fetches nothing ahead for it. */
+  held: boolean
   /** What kafkajs was last told: fetch the partition or not. */
   fetching: boolean
   /** kafkajs reset the partition or fetched it from elsewhere: nothing is fetched until that is looked into. */
@@ -181,11 +183,11 @@ export const makeFetch = (options: FetchOptions) => {
   /**
    * Tells kafkajs to fetch the partition or not, once per change. It fetches a partition only once the runloop sought
    * it (so that the group's committed offset, kafkajs's own start, is never fetched behind the runloop's back), and
-   * not while it is suspended, out of range, or paused with `PARKED_BATCHES` batches kept.
+   * not while it is suspended, out of range, held, or paused with `PARKED_BATCHES` batches kept.
    */
   const syncFetching = (state: PartitionState, force = false) => {
     const wanted = state.position !== undefined && !state.suspended && !state.outOfRange &&
-      !(state.paused && state.entries.size >= PARKED_BATCHES)
+      !(state.paused && (state.held || state.entries.size >= PARKED_BATCHES))
     if (!force && wanted === state.fetching) return
     state.fetching = wanted
     const partitions = [{ topic: state.partition.topic, partitions: [state.partition.partition] }]
@@ -389,6 +391,7 @@ export const makeFetch = (options: FetchOptions) => {
         fetchPosition: undefined,
         entries: new Set(),
         paused: false,
+        held: false,
         fetching: true,
         suspended: false,
         outOfRange: false,
@@ -478,11 +481,17 @@ export const makeFetch = (options: FetchOptions) => {
     syncFetching(state)
   }
 
-  const pause = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) => {
+  /**
+   * `hold`: the partition stays paused for a while (a retry topic waiting until its next record is due): kafkajs stops
+   * fetching it at once rather than after `PARKED_BATCHES` batches, whose records would only wait longer still, each
+   * fetched with a request of its own as they trickle in.
+   */
+  const pause = (partitions: ReadonlyArray<TopicPartition.TopicPartition>, hold = false) => {
     for (const tp of partitions) {
       const state = states.get(TopicPartition.key(tp))
       if (state === undefined) continue
       state.paused = true
+      if (hold) state.held = true
       park(state)
     }
   }
@@ -494,6 +503,7 @@ export const makeFetch = (options: FetchOptions) => {
       const state = states.get(TopicPartition.key(tp))
       if (state === undefined || !state.paused) continue
       state.paused = false
+      state.held = false
       if (state.entries.size > 0) parked = true
       syncFetching(state)
     }

@@ -519,8 +519,10 @@ export const connect = (
         return out
       })
 
-    const pause = (partitions: ReadonlyArray<TopicPartition.TopicPartition>): Effect.Effect<void> =>
-      Effect.sync(() => fetcher.pause(partitions))
+    const pause = (
+      partitions: ReadonlyArray<TopicPartition.TopicPartition>,
+      options?: { readonly hold?: boolean | undefined }
+    ): Effect.Effect<void> => Effect.sync(() => fetcher.pause(partitions, options?.hold === true))
 
     const resume = (partitions: ReadonlyArray<TopicPartition.TopicPartition>): Effect.Effect<void> =>
       Effect.sync(() => {

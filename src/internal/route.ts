@@ -1,15 +1,15 @@
 import * as Cause from "effect/Cause"
 import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
-import type * as Duration from "effect/Duration"
+import type * as Context from "effect/Context"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
 import { deadLetterRecord } from "../FailureRoute.js"
 import { CircuitOpen, DecodeFailed, ProduceFailed } from "../KafkaError.js"
-import { Producer } from "../Producer.js"
+import { Producer, type ProducerRecord, type RecordMetadata } from "../Producer.js"
 import * as TopicPartition from "../TopicPartition.js"
 
 /** The failure route after validation. */
@@ -56,61 +56,172 @@ export class HandlerFailure<E> {
 type Pending = Array<Fiber.RuntimeFiber<void, RouteFailure>>
 
 /**
- * The route's writes in flight apart from the units that started them, under a policy whose commits wait for them
+ * The route's writes apart from the units that routed their records, under a policy whose commits wait for them
  * (`PolicyInstance.awaitsRoutes`): a unit goes on, and a commit, once it has taken the positions it carries, waits
- * for every write started so far. A write that failed stays failed: no later commit passes it.
+ * for every record routed so far to be acknowledged. A write that failed stays failed: no later commit passes it.
+ *
+ * Routed records are written together, with one `sendAll`: the first of them waits up to `maxWait` for others
+ * (or less, when a commit needs them first), so that failures coming one after another cost one request per batch
+ * rather than one per record, and no fiber per record. A record not written yet holds no commit back that it is not
+ * part of, and is written again by the partition's next owner should this member stop before writing it: no commit
+ * passed it.
  */
 export interface SideWrites {
-  /** Starts a write in a fiber of its own, which outlives the unit. */
-  readonly start: (write: Effect.Effect<void, RouteFailure>) => Effect.Effect<void>
-  /** Waits for every write started so far: `undefined` when all were acknowledged, else the first failure. */
+  /** Queues a routed record; `written` runs once it is acknowledged. */
+  readonly start: (
+    record: ProducerRecord,
+    written: (metadata: RecordMetadata) => Effect.Effect<void>
+  ) => Effect.Effect<void>
+  /**
+   * Writes every record routed so far and waits for them: `undefined` when all were acknowledged, else the first
+   * failure.
+   */
   readonly settled: Effect.Effect<RouteFailure | undefined>
   /**
-   * When the session has ended (after its last commit): lets the writes still in flight end, for up to `patience`,
-   * so that a record routed just before a failure ended the consumer is not left half-sent; then stops the rest.
+   * When the session has ended (after its last commit): writes what is still queued and lets the writes in flight
+   * end, for up to `patience`, so that a record routed just before a failure ended the consumer is not left
+   * half-sent; then stops the rest. With no patience (a crash), what was not handed to the producer is dropped.
    */
   readonly close: (patience: Duration.Duration) => Effect.Effect<void>
 }
 
-export const makeSideWrites = (): SideWrites => {
-  const inFlight = new Set<Fiber.RuntimeFiber<void, RouteFailure>>()
+interface Queued {
+  readonly record: ProducerRecord
+  readonly written: (metadata: RecordMetadata) => Effect.Effect<void>
+}
+
+export const makeSideWrites = (maxWait: Duration.Duration): SideWrites => {
+  let queue: Array<Queued> = []
+  /** When the oldest record of `queue` was queued. */
+  let since = 0
+  let producer: Context.Tag.Service<typeof Producer> | undefined
+  /** The batches handed to the producer and not answered yet. */
+  const inFlight = new Set<Fiber.RuntimeFiber<void>>()
+  let timer: Fiber.RuntimeFiber<void> | undefined
+  /** A timer fiber will write the queue. */
+  let armed = false
+  let closed = false
   let failed: RouteFailure | undefined
-  const settle = (fiber: Fiber.RuntimeFiber<void, RouteFailure>) =>
-    Effect.map(Fiber.await(fiber), (exit) => {
-      inFlight.delete(fiber)
-      if (Exit.isSuccess(exit)) return
-      const failure = Cause.failureOption(exit.cause)
-      failed ??= Option.isSome(failure) ? failure.value : new RouteFailure(new ProduceFailed({
-        reason: "Other",
-        topic: "",
-        detail: `the write ended without an answer: ${Cause.pretty(exit.cause)}`
-      }))
-    })
-  return {
-    start: (write) =>
-      Effect.flatMap(Effect.forkDaemon(write), (fiber) =>
+  const waitMillis = Duration.toMillis(maxWait)
+
+  const write = (batch: ReadonlyArray<Queued>, send: Context.Tag.Service<typeof Producer>["sendAll"]) =>
+    Effect.matchCauseEffect(send(batch.map((queued) => queued.record)), {
+      onSuccess: (metadata) => Effect.forEach(batch, (queued, i) => queued.written(metadata[i]!), { discard: true }),
+      onFailure: (cause) =>
         Effect.sync(() => {
-          inFlight.add(fiber)
-        })),
+          const failure = Cause.failureOption(cause)
+          failed ??= new RouteFailure(
+            Option.isSome(failure) ? failure.value : new ProduceFailed({
+              reason: "Other",
+              topic: batch[0]!.record.topic,
+              detail: `the write ended without an answer: ${Cause.pretty(cause)}`
+            })
+          )
+        })
+    })
+
+  /** Hands what is queued to the producer, in a fiber of its own. */
+  const flush: Effect.Effect<void> = Effect.suspend(() => {
+    if (queue.length === 0 || producer === undefined) return Effect.void
+    const batch = queue
+    queue = []
+    return Effect.flatMap(Effect.forkDaemon(write(batch, producer.sendAll)), (fiber) =>
+      Effect.sync(() => {
+        inFlight.add(fiber)
+        fiber.addObserver(() => inFlight.delete(fiber))
+      }))
+  })
+
+  /** Writes the queue once its oldest record has waited `maxWait`, unless a commit did first. */
+  const tick: Effect.Effect<void> = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    if (queue.length === 0 || closed) {
+      armed = false
+      return Effect.void
+    }
+    const left = since + waitMillis - now
+    if (left > 0) return Effect.zipRight(Effect.sleep(Duration.millis(left)), tick)
+    armed = false
+    return flush
+  })
+
+  return {
+    start: (record, written) =>
+      Effect.suspend(() => {
+        if (producer === undefined) {
+          return Effect.flatMap(Effect.serviceOption(Producer), (found) => {
+            if (Option.isNone(found)) return Effect.dieMessage("the failure route needs a Producer")
+            producer = found.value
+            return Effect.suspend(() => enqueue(record, written))
+          })
+        }
+        return enqueue(record, written)
+      }),
     settled: Effect.suspend(() => {
-      if (inFlight.size === 0 || failed !== undefined) return Effect.succeed(failed)
-      return Effect.map(Effect.forEach(Array.from(inFlight), settle, { discard: true }), () => failed)
+      if (failed !== undefined) return Effect.succeed(failed)
+      return Effect.zipRight(
+        flush,
+        Effect.suspend(() => {
+          if (inFlight.size === 0) return Effect.succeed(failed)
+          return Effect.map(Effect.forEach(Array.from(inFlight), Fiber.await, { discard: true }), () => failed)
+        })
+      )
     }),
     close: (patience) =>
       Effect.suspend(() => {
-        if (inFlight.size === 0) return Effect.void
-        const fibers = Array.from(inFlight)
+        closed = true
+        const stopTimer = timer === undefined ? Effect.void : Fiber.interrupt(timer)
+        if (Duration.toMillis(patience) <= 0) queue = []
         return Effect.zipRight(
-          Effect.timeoutOption(Effect.forEach(fibers, Fiber.await, { discard: true }), patience),
-          Fiber.interruptAll(fibers)
+          Effect.zipRight(stopTimer, flush),
+          Effect.suspend(() => {
+            if (inFlight.size === 0) return Effect.void
+            const fibers = Array.from(inFlight)
+            return Effect.zipRight(
+              Effect.timeoutOption(Effect.forEach(fibers, Fiber.await, { discard: true }), patience),
+              Fiber.interruptAll(fibers)
+            )
+          })
         )
       })
+  }
+
+  function enqueue(record: ProducerRecord, written: Queued["written"]): Effect.Effect<void> {
+    if (closed) return Effect.void
+    return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      if (queue.length === 0) since = now
+      queue.push({ record, written })
+      if (armed) return Effect.void
+      armed = true
+      return Effect.flatMap(Effect.forkDaemon(tick), (fiber) =>
+        Effect.sync(() => {
+          timer = fiber
+        }))
+    })
   }
 }
 
 /** The route itself failed: the dead-letter write, or the circuit opened. Neither retried nor routed. */
 export class RouteFailure {
   constructor(readonly error: ProduceFailed | CircuitOpen<unknown>) {}
+}
+
+/**
+ * Where the record at `offset` is in `records`, whose offsets grow: by halves, reading records in place (a chunk may
+ * be a slice, which a search through its iterator would copy); -1 when it is not there.
+ */
+const indexOf = (records: Chunk.Chunk<ConsumerRecord>, offset: bigint): number => {
+  let low = 0
+  let high = Chunk.size(records) - 1
+  while (low <= high) {
+    const middle = (low + high) >>> 1
+    const found = Chunk.unsafeGet(records, middle).offset
+    if (found === offset) return middle
+    if (found < offset) low = middle + 1
+    else high = middle - 1
+  }
+  // Not found by halves: offsets that do not grow would be a caller's mistake, but the record is looked for anyway.
+  for (let i = 0; i < Chunk.size(records); i++) if (Chunk.unsafeGet(records, i).offset === offset) return i
+  return -1
 }
 
 /** The handler as the runloop calls it. */
@@ -215,7 +326,8 @@ export const makeRouter = <E, R>(
   /**
    * Routes a record: the circuit is checked at once, and the write is started in a fiber of its own, added to
    * `pending`, so that the unit goes on with its next records meanwhile; the unit ends only once every write it
-   * started is acknowledged. Under a policy whose commits wait for the writes, it is started apart (`SideWrites`).
+   * started is acknowledged. Under a policy whose commits wait for the writes, it is queued apart (`SideWrites`),
+   * to be written with the records routed around it.
    */
   const park = (
     pending: Pending,
@@ -250,28 +362,31 @@ export const makeRouter = <E, R>(
       }
       if (fresh) state.streak.push(record.offset)
       if (state.written.has(record.offset)) return Effect.void
+      const written = (metadata: RecordMetadata) =>
+        Effect.suspend(() => {
+          attempts.delete(id)
+          onRouted?.(tp, metadata.topic)
+          if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
+          // A record parked in a retry topic is expected to pass later: only a dead letter asks for attention.
+          const log = metadata.topic === settings.topic ? Effect.logWarning : Effect.logDebug
+          return log(
+            `${k}@${record.offset} failed ${tries} time(s) and was routed to ${metadata.topic}-` +
+              `${metadata.partition}@${metadata.offset}`
+          )
+        })
+      const letter = (now: number) => {
+        const target = targetOf(settings, tp.topic, now)
+        return deadLetterRecord(target.topic, record, error, tries, target.due)
+      }
+      if (apart !== undefined) return Effect.flatMap(Clock.currentTimeMillis, (now) => apart.start(letter(now), written))
       const write = Effect.all([Effect.serviceOption(Producer), Clock.currentTimeMillis]).pipe(
         Effect.flatMap(([producer, now]) => {
           if (Option.isNone(producer)) return Effect.dieMessage("the failure route needs a Producer")
-          const target = targetOf(settings, tp.topic, now)
-          return producer.value.send(deadLetterRecord(target.topic, record, error, tries, target.due))
+          return producer.value.send(letter(now))
         }),
         Effect.mapError((error) => new RouteFailure(error)),
-        Effect.flatMap((written) =>
-          Effect.suspend(() => {
-            attempts.delete(id)
-            onRouted?.(tp, written.topic)
-            if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
-            // A record parked in a retry topic is expected to pass later: only a dead letter asks for attention.
-            const log = written.topic === settings.topic ? Effect.logWarning : Effect.logDebug
-            return log(
-              `${k}@${record.offset} failed ${tries} time(s) and was routed to ${written.topic}-` +
-                `${written.partition}@${written.offset}`
-            )
-          })
-        )
+        Effect.flatMap(written)
       )
-      if (apart !== undefined) return apart.start(write)
       return Effect.flatMap(Effect.fork(write), (fiber) =>
         Effect.sync(() => {
           pending.push(fiber)
@@ -351,17 +466,19 @@ export const makeRouter = <E, R>(
         { discard: true }
       )
     }
-    const at = Chunk.findFirstIndex(records, (record) => record.offset === offset)
-    if (Option.isNone(at)) return Effect.fail(failure)
-    const record = Chunk.unsafeGet(records, at.value)
-    const rest = Chunk.drop(records, at.value + 1)
-    const before = at.value === 0
+    const at = indexOf(records, offset)
+    if (at < 0) return Effect.fail(failure)
+    const record = Chunk.unsafeGet(records, at)
+    const before = at === 0
       ? Effect.void
       : failure.handledBefore
-      ? handled(tp, Chunk.unsafeGet(records, at.value - 1).offset)
-      : inPlaceIn(pending, Chunk.take(records, at.value), tp)
+      ? handled(tp, Chunk.unsafeGet(records, at - 1).offset)
+      : inPlaceIn(pending, Chunk.take(records, at), tp)
     const routed = Effect.zipRight(before, single(pending, record, tp, failure))
-    return Chunk.isEmpty(rest) ? routed : Effect.zipRight(routed, inPlaceIn(pending, rest, tp))
+    // The rest is a slice of the same records (a view, not a copy), however many records of the chunk fail.
+    return at + 1 === Chunk.size(records)
+      ? routed
+      : Effect.zipRight(routed, Effect.suspend(() => inPlaceIn(pending, Chunk.drop(records, at + 1), tp)))
   }
 
   // rerun: records marked in an earlier attempt of their unit are routed; the others are handled.

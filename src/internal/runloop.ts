@@ -89,6 +89,14 @@ export type RouteError<E> = ProduceFailed | CircuitOpen<E>
 
 export { HandlerFailure, type Work } from "./route.js"
 
+/**
+ * How long a routed record waits for others to be written with it, under a policy whose commits wait for the writes:
+ * 100 ms, or a tenth of the route's shortest retry delay when that is less (a retry is held back by at most a tenth of
+ * its delay). A commit writes what waits at once.
+ */
+const sideWritesWait = (route: RouteSettings | undefined): Duration.Duration =>
+  Duration.millis(Math.min(100, ...(route?.delays ?? []).map((delay) => delay / 10)))
+
 /** A unit given up because its partition is being revoked (see `abandon`). */
 class Abandoned {
   readonly _tag = "Abandoned"
@@ -138,6 +146,8 @@ interface PartitionState {
   /** Records fetched and not yet handled; fetching pauses before it can pass `bufferSize`. */
   outstanding: number
   paused: boolean
+  /** Paused until a retry topic's next record is due (the driver was told it stays paused for a while). */
+  held: boolean
   stopping: boolean
   worker: Fiber.RuntimeFiber<void> | undefined
   /** When records finish out of order: the lowest unfinished offset and the ranges finished above it. */
@@ -370,7 +380,9 @@ const runSession = <E, R, EH, RH>(
     // The route's writes that units do not wait for, under a policy whose commits do. Added before the revoke on
     // shutdown, this finalizer runs after it: that revoke's commit waits for the writes; any still in flight (the
     // consumer ended without committing them) are let end, for as long as a reconnect could take.
-    const sideWrites = makeSideWrites()
+    const sideWrites = makeSideWrites(sideWritesWait(config.route))
+    // Half the writes' wait: a retry is handed over at most 50 ms, or a twentieth of the shortest delay, after it is due.
+    const dueSlack = Duration.toMillis(sideWritesWait(config.route)) / 2
     yield* Effect.addFinalizer(() => crashed ? sideWrites.close(Duration.zero) : sideWrites.close(config.reconnectTimeout))
     const acknowledged: Effect.Effect<boolean> = config.route === undefined
       ? Effect.succeed(true)
@@ -430,6 +442,7 @@ const runSession = <E, R, EH, RH>(
       !state.paused ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
         if (!state.paused || state.stopping || !roomFor(state)) return Effect.void
         state.paused = false
+        state.held = false
         return guard(session.resume([state.tp]))
       }))
 
@@ -523,7 +536,9 @@ const runSession = <E, R, EH, RH>(
 
     /**
      * A chunk of a retry topic: the records that are due are handled; at the first that is not, the partition pauses
-     * until it is (no handler waits), then goes on. A revoke ends the wait; the rest is left to the next owner.
+     * until it is (no handler waits), then goes on. A revoke ends the wait; the rest is left to the next owner. The
+     * wait lasts `dueSlack` past the record's due time, so that the records due just after it (routed close together,
+     * and written together) are handed over with it, in one unit, rather than each after a wait of its own.
      */
     const whenDue = (
       state: PartitionState,
@@ -537,7 +552,7 @@ const runSession = <E, R, EH, RH>(
         const before = at.value === 0 ? Effect.succeed(true) : kept(state, Chunk.take(records, at.value), waiting.offset)
         return Effect.flatMap(before, (done) =>
           !done ? Effect.succeed(false) : Effect.zipRight(
-            waitUntil(state, dueOf(waiting)!),
+            waitUntil(state, dueOf(waiting)! + dueSlack),
             Effect.suspend(() =>
               state.stopping ? Effect.succeed(false) : whenDue(state, Chunk.drop(records, at.value), position)
             )
@@ -548,9 +563,10 @@ const runSession = <E, R, EH, RH>(
     const waitUntil = (state: PartitionState, due: number): Effect.Effect<void> =>
       Effect.zipRight(
         state.lock.withPermits(1)(Effect.suspend(() => {
-          if (state.paused) return Effect.void
+          if (state.held) return Effect.void
           state.paused = true
-          return guard(session.pause([state.tp]))
+          state.held = true
+          return guard(session.pause([state.tp], { hold: true }))
         })),
         Effect.flatMap(Clock.currentTimeMillis, (now) => {
           const step = (left: number): Effect.Effect<void> =>
@@ -870,6 +886,7 @@ const runSession = <E, R, EH, RH>(
             skips: 0,
             outstanding: 0,
             paused: false,
+            held: false,
             stopping: false,
             worker: undefined,
             progress: inOrder ? undefined : new Progress(position, finishedBefore),

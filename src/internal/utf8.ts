@@ -25,7 +25,18 @@ export const utf8Length = (text: string): number => {
 /** @internal */
 export const utf8Encode = (text: string): Uint8Array => {
   const out = new Uint8Array(utf8Length(text))
-  let at = 0
+  utf8EncodeInto(text, out, 0)
+  return out
+}
+
+/**
+ * Writes the UTF-8 bytes of `text` into `out` from `at` (which has room for `utf8Length(text)` of them); returns
+ * where they end.
+ *
+ * @internal
+ */
+export const utf8EncodeInto = (text: string, out: Uint8Array, from: number): number => {
+  let at = from
   for (let i = 0; i < text.length; i++) {
     let c = text.charCodeAt(i)
     if (c < 0x80) {
@@ -54,5 +65,5 @@ export const utf8Encode = (text: string): Uint8Array => {
     out[at++] = 0x80 | ((c >> 6) & 0x3f)
     out[at++] = 0x80 | (c & 0x3f)
   }
-  return out
+  return at
 }
