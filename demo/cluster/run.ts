@@ -284,11 +284,15 @@ const tryPromise = <A>(what: string, f: () => Promise<A>) =>
  * offset, or the Postgres offsets table under `transactional`) reaches the end of the topic, then the members stop
  * cleanly. The topic, the group and the tables are removed afterwards; no member process outlives the run.
  */
+let runs = 0
+
 export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutcome, unknown> =>
   Effect.scoped(Effect.gen(function*() {
     yield* validate(workload)
     const rng = random(workload.seed)
-    const id = `${Date.now().toString(36)}_${Math.floor(rng() * 2 ** 32).toString(36)}_${process.pid}`
+    // Two runs in one process may start in the same millisecond with the same seed: the run counter keeps their
+    // topics, groups and tables apart.
+    const id = `${Date.now().toString(36)}_${Math.floor(rng() * 2 ** 32).toString(36)}_${process.pid}_${runs++}`
     const topic = `cluster-${workload.policy}-${id}`
     const groupId = `${topic}-group`
     const resultsTable = `cluster_results_${id}`
