@@ -13,7 +13,8 @@ import type { TopicPartition } from "./TopicPartition.js"
  * read), so that a record costs nothing for the fields a handler does not read. Its fields are not properties of its
  * own: spreading it (`{ ...record }`), `structuredClone(record)`, `Object.keys` and a deep equality with a plain object
  * do not see them. `toPlain` gives the record as a plain object, for all of those. `JSON.stringify` and Node's
- * `inspect` see the fields as they would on a plain object. The in-memory broker's records are plain objects.
+ * `inspect` see the fields as they would on a plain object. The in-memory broker's records are made the same way, so
+ * that code which spreads a record fails in its tests as it would on Kafka.
  *
  * @since 0.1.0
  * @category models

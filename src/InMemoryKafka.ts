@@ -32,6 +32,7 @@ import * as memoryLog from "./internal/memoryLog.js"
 import { partitionOfKey } from "./internal/murmur2.js"
 import { utf8EncodeInto, utf8Length } from "./internal/utf8.js"
 import * as producer from "./internal/producer.js"
+import { MemoryRecord } from "./internal/record.js"
 import {
   CommitFailed,
   type CommitFailureReason,
@@ -579,7 +580,7 @@ const makeBroker = (options: Options) =>
             byPartition.set(partition, list)
           }
           const timestamp = r.timestamp ?? now
-          list.push((offset) => ({ topic: topic.name, partition, offset, key, value, headers, timestamp }))
+          list.push((offset) => new MemoryRecord(topic.name, partition, offset, key, value, headers, timestamp))
           order.push(partition)
         }
         return Effect.succeed({ byPartition, order })

@@ -16,6 +16,7 @@ import { type ConsumerRecord, toPlain } from "../ConsumerRecord.js"
 import type { Config, LogLevel, RetryOptions, SaslOptions, TlsOptions } from "../KafkaJs.js"
 import { CommitFailed, ConfigError, DriverError } from "../KafkaError.js"
 import type { TopicPartition } from "../TopicPartition.js"
+import { inspectSymbol } from "./record.js"
 
 const brokerPattern = /^(\[[0-9A-Fa-f:.]+\]|[^\s:/[\]@]+):(\d{1,5})$/
 
@@ -523,7 +524,6 @@ const toBigInt = (text: string): bigint => {
   return n <= Number.MAX_SAFE_INTEGER ? BigInt(n) : BigInt(text)
 }
 
-const inspect = Symbol.for("nodejs.util.inspect.custom")
 
 /**
  * A record over kafkajs's message: one object of two fields, which reads each field of the record from the message
@@ -533,34 +533,39 @@ const inspect = Symbol.for("nodejs.util.inspect.custom")
  * copy none of them, and a deep equality with a plain object fails; `ConsumerRecord.toPlain` gives the plain record.
  */
 class KafkaJsRecord implements ConsumerRecord {
-  constructor(private readonly tp: TopicPartition, private readonly message: KafkaMessage) {}
+  readonly #tp: TopicPartition
+  readonly #message: KafkaMessage
+  constructor(tp: TopicPartition, message: KafkaMessage) {
+    this.#tp = tp
+    this.#message = message
+  }
   get topic(): string {
-    return this.tp.topic
+    return this.#tp.topic
   }
   get partition(): number {
-    return this.tp.partition
+    return this.#tp.partition
   }
   get offset(): bigint {
-    return toBigInt(this.message.offset)
+    return toBigInt(this.#message.offset)
   }
   get key(): Uint8Array | null {
-    const key = this.message.key
+    const key = this.#message.key
     return key === null || key === undefined ? null : toBytes(key)
   }
   get value(): Uint8Array | null {
-    const value = this.message.value
+    const value = this.#message.value
     return value === null ? null : toBytes(value)
   }
   get headers(): Readonly<Record<string, Uint8Array>> {
-    return toHeaders(this.message.headers)
+    return toHeaders(this.#message.headers)
   }
   get timestamp(): number {
-    return +this.message.timestamp
+    return +this.#message.timestamp
   }
   toJSON(): ConsumerRecord {
     return toPlain(this)
   }
-  [inspect](): ConsumerRecord {
+  [inspectSymbol](): ConsumerRecord {
     return toPlain(this)
   }
 }
