@@ -415,8 +415,8 @@ const runSession = <E, R, EH, RH>(
       (state.progress === undefined || state.progress.window + maxPoll <= maxWindow)
     // A failed handler is retried on the same chunk; a policy's failure (a refused commit, a fence) is not its to retry,
     // nor is a record that did not decode.
-    const retry = <E2, R2>(effect: Effect.Effect<void, E2, R2>) =>
-      retryAfterFailure(effect, { schedule: config.retry, retryable })
+    const retryOptions = { schedule: config.retry, retryable }
+    const retry = <E2, R2>(effect: Effect.Effect<void, E2, R2>) => retryAfterFailure(effect, retryOptions)
 
     // With a failure route, records that keep failing are routed instead of ending the consumer.
     const router = config.route === undefined
@@ -438,8 +438,10 @@ const runSession = <E, R, EH, RH>(
       ? routed
       : (records, tp) => concurrently(records, ordering, permits, concurrency, (lane) => routed(lane, tp))
 
+    // Checked before the lock too: under key ordering a paused partition asks after every record, and it stays paused
+    // until its window has room.
     const maybeResume = (state: PartitionState): Effect.Effect<void> =>
-      !state.paused ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
+      !state.paused || state.stopping || !roomFor(state) ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
         if (!state.paused || state.stopping || !roomFor(state)) return Effect.void
         state.paused = false
         state.held = false
@@ -687,15 +689,26 @@ const runSession = <E, R, EH, RH>(
       }
 
       const handleBatch = (batch: Array<Lane>): Step => {
-        const indexes: Array<number> = []
-        const parts: Array<Chunk.Chunk<ConsumerRecord>> = []
-        for (const lane of batch) {
-          parts.push(Chunk.unsafeFromArray(lane.records))
-          for (const index of lane.indexes) indexes.push(index)
+        let indexes: Array<number>
+        let parts: Array<Chunk.Chunk<ConsumerRecord>>
+        if (batch.length === 1) {
+          // One lane (the common case): its arrays are taken as they are, and the lane gets fresh ones.
+          const lane = batch[0]!
+          indexes = lane.indexes
+          parts = [Chunk.unsafeFromArray(lane.records)]
           lane.records = []
           lane.indexes = []
+        } else {
+          indexes = []
+          parts = []
+          for (const lane of batch) {
+            parts.push(Chunk.unsafeFromArray(lane.records))
+            for (const index of lane.indexes) indexes.push(index)
+            lane.records = []
+            lane.indexes = []
+          }
+          indexes.sort((a, b) => a - b)
         }
-        if (batch.length > 1) indexes.sort((a, b) => a - b)
         const finished: Array<Range> = []
         for (const index of indexes) {
           const range = progress.rangeOf(index)
@@ -707,12 +720,12 @@ const runSession = <E, R, EH, RH>(
         const traced = telemetry === undefined
           ? first
           : telemetry.chunk(tp, recordsOf(parts), indexes.length, first)
-        return traced.pipe(
-          Effect.as(true),
-          Effect.catchIf(isGivenUp, () => Effect.succeed(false)),
-          Effect.flatMap((kept) => {
-            // Records left to the next owner are not finished here.
-            if (!kept) return Effect.void
+        // Records left to the next owner (given up) are not finished here. Two steps and no named closures: this
+        // runs once per lane.
+        return Effect.flatMap(
+          Effect.catchIf(traced, isGivenUp, Effect.succeed),
+          (result) => {
+            if (result === givenUp) return Effect.void
             telemetry?.handled(tp, indexes.length)
             for (const index of indexes) progress.finish(index)
             rerun?.passed(tp, progress.position())
@@ -730,8 +743,9 @@ const runSession = <E, R, EH, RH>(
                 else if (lane.key !== undefined) byKey.delete(lane.key)
               }
             }
-            return state.paused ? Effect.zipRight(maybeResume(state), more) : more
-          })
+            const resume = maybeResume(state)
+            return resume === Effect.void ? more : Effect.zipRight(resume, more)
+          }
         )
       }
       const lanes: Step = Effect.suspend(() => {
