@@ -438,11 +438,12 @@ const runSession = <E, R, EH, RH>(
       ? routed
       : (records, tp) => concurrently(records, ordering, permits, concurrency, (lane) => routed(lane, tp))
 
+    const resumable = (state: PartitionState) => state.paused && !state.stopping && roomFor(state)
     // Checked before the lock too: under key ordering a paused partition asks after every record, and it stays paused
     // until its window has room.
     const maybeResume = (state: PartitionState): Effect.Effect<void> =>
-      !state.paused || state.stopping || !roomFor(state) ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
-        if (!state.paused || state.stopping || !roomFor(state)) return Effect.void
+      !resumable(state) ? Effect.void : state.lock.withPermits(1)(Effect.suspend(() => {
+        if (!resumable(state)) return Effect.void
         state.paused = false
         state.held = false
         return guard(session.resume([state.tp]))
@@ -689,26 +690,17 @@ const runSession = <E, R, EH, RH>(
       }
 
       const handleBatch = (batch: Array<Lane>): Step => {
-        let indexes: Array<number>
-        let parts: Array<Chunk.Chunk<ConsumerRecord>>
-        if (batch.length === 1) {
-          // One lane (the common case): its arrays are taken as they are, and the lane gets fresh ones.
-          const lane = batch[0]!
-          indexes = lane.indexes
-          parts = [Chunk.unsafeFromArray(lane.records)]
+        // The first lane's arrays are taken as they are (one lane is the common case); each lane gets fresh ones.
+        const indexes = batch[0]!.indexes
+        const parts: Array<Chunk.Chunk<ConsumerRecord>> = []
+        for (let i = 0; i < batch.length; i++) {
+          const lane = batch[i]!
+          parts.push(Chunk.unsafeFromArray(lane.records))
+          if (i > 0) for (const index of lane.indexes) indexes.push(index)
           lane.records = []
           lane.indexes = []
-        } else {
-          indexes = []
-          parts = []
-          for (const lane of batch) {
-            parts.push(Chunk.unsafeFromArray(lane.records))
-            for (const index of lane.indexes) indexes.push(index)
-            lane.records = []
-            lane.indexes = []
-          }
-          indexes.sort((a, b) => a - b)
         }
+        if (batch.length > 1) indexes.sort((a, b) => a - b)
         const finished: Array<Range> = []
         for (const index of indexes) {
           const range = progress.rangeOf(index)
@@ -818,9 +810,7 @@ const runSession = <E, R, EH, RH>(
         if (!state.stopping) dispatch(chunks)
         if (done || state.stopping) return drain
         // Records an earlier owner finished leave at once, and may make room; a window grown too wide pauses.
-        const room = roomFor(state)
-          ? (state.paused ? maybeResume(state) : Effect.void)
-          : (state.paused ? Effect.void : pause(state))
+        const room = roomFor(state) ? maybeResume(state) : (state.paused ? Effect.void : pause(state))
         return Effect.zipRight(Effect.zipRight(room, start), loop)
       })
       return loop
