@@ -53,7 +53,7 @@ class Refused {
 }
 
 /** One run: a fresh group reads the topic; `failing` says whether the marked records fail on the main topic. */
-const runOnce = <E>(
+const runOne = <E>(
   runtime: ManagedRuntime.ManagedRuntime<Driver | Producer, E>,
   topic: string,
   records: number,
@@ -76,9 +76,9 @@ const runOnce = <E>(
       (record) => {
         if (record.topic !== topic) return work
         counter.add(1)
-        return failing && decoder.decode(record.value!.subarray(0, 5)) === "fail-"
-          ? Effect.zipRight(work, Effect.fail(new Refused()))
-          : work
+        // Both runs look at the mark, so that the clean run does the same work per record but fail.
+        const marked = decoder.decode(record.value!.subarray(0, 5)) === "fail-"
+        return failing && marked ? Effect.zipRight(work, Effect.fail(new Refused())) : work
       }
     ).pipe(
       Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1000, maxInterval: Duration.seconds(1) })),
@@ -98,29 +98,35 @@ const measure = async <E>(
   topics: { readonly nothing: string; readonly timer1ms: string },
   sizes: RetrySizes,
   id: string,
-  where: string
+  where: string,
+  /** Empties a main topic's retry and dead-letter topics, so that a run reads only the records it routed. */
+  clear: (topic: string) => Promise<void>
 ): Promise<Omit<BenchResult, "elapsedSeconds" | "load">> => {
   const failingLabel = `${FAILING * 100}% fail once, retried after ${DELAY}`
+  const runOnce = async (topic: string, records: number, failing: boolean, handler: Handler) => {
+    await clear(topic)
+    return runOne(runtime, topic, records, failing, handler)
+  }
   const variants = await compare(plan, [
     {
       id: "timed-clean",
       label: "waits 1 ms per record, no record fails",
-      run: () => runOnce(runtime, topics.timer1ms, sizes.timedRecords, false, "timer1ms")
+      run: () => runOnce(topics.timer1ms, sizes.timedRecords, false, "timer1ms")
     },
     {
       id: "timed-failing",
       label: `waits 1 ms per record, ${failingLabel}`,
-      run: () => runOnce(runtime, topics.timer1ms, sizes.timedRecords, true, "timer1ms")
+      run: () => runOnce(topics.timer1ms, sizes.timedRecords, true, "timer1ms")
     },
     {
       id: "clean",
       label: "does nothing, no record fails",
-      run: () => runOnce(runtime, topics.nothing, sizes.records, false, "nothing")
+      run: () => runOnce(topics.nothing, sizes.records, false, "nothing")
     },
     {
       id: "failing",
       label: `does nothing, ${failingLabel}`,
-      run: () => runOnce(runtime, topics.nothing, sizes.records, true, "nothing")
+      run: () => runOnce(topics.nothing, sizes.records, true, "nothing")
     }
   ])
   return {
@@ -140,6 +146,8 @@ const measure = async <E>(
       `runEach under commitAfter with FailureRoute.retryTopics(["${DELAY}"]), no handler retries; in the failing runs ` +
       "every twentieth record fails on the main topic and is written to the retry topic (acks all), to be handled " +
       "from there once due; the figure counts the main topic's records handed to the handler, after the first",
+      "before every run its retry and dead-letter topics are emptied (records deleted), so that a failing run reads " +
+      "back only what it routed; the clean run's handler looks at each record's mark as the failing one does",
       "the handler that does nothing shows what the route costs per failed record, on one thread with the consumer: " +
       "failing/clean there is the price of 5% failures when handling a record costs nothing at all"
     ]
@@ -162,7 +170,15 @@ export const retriesInMemory = (plan: Plan, sizes: RetrySizes): Promise<BenchRes
           yield* kafka.produce(topic, Array.from({ length: records }, (_, i) => produced(i, sizes.partitions)))
         }
       }))
-      return await measure(plan, runtime, topics, sizes, "retries-inmemory", "in-memory broker")
+      const clear = (topic: string) =>
+        runtime.runPromise(Effect.gen(function*() {
+          const kafka = yield* InMemoryKafka.InMemoryKafka
+          for (const routed of topicsOf(topic).slice(1)) {
+            const ends = yield* kafka.endOffsets(routed)
+            yield* Effect.forEach(ends, (end, partition) => kafka.deleteRecords(routed, partition, end), { discard: true })
+          }
+        }))
+      return await measure(plan, runtime, topics, sizes, "retries-inmemory", "in-memory broker", clear)
     } finally {
       await runtime.dispose()
     }
@@ -178,14 +194,18 @@ export const retriesKafka = (plan: Plan, brokers: string, sizes: RetrySizes): Pr
       driverLayer(brokers),
       KafkaJs.layerProducer({ brokers: brokers.split(","), clientId: "bench-retries", logLevel: "error" })
     )))
+    const admin = kafka.admin()
     try {
+      await admin.connect()
       const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, allowAutoTopicCreation: false })
       await producer.connect()
       try {
         for (const [topic, records] of [[topics.nothing, sizes.records], [topics.timer1ms, sizes.timedRecords]] as const) {
-          await runtime.runPromise(
-            Effect.forEach(topicsOf(topic), (t) => KafkaJs.createTopic(brokers, t, sizes.partitions), { discard: true })
-          )
+          // Leaders elected before anything is read or deleted.
+          await admin.createTopics({
+            topics: topicsOf(topic).map((t) => ({ topic: t, numPartitions: sizes.partitions })),
+            waitForLeaders: true
+          })
           for (let at = 0; at < records; at += 5_000) {
             const messages = []
             for (let i = at; i < Math.min(records, at + 5_000); i++) messages.push(produced(i, sizes.partitions))
@@ -195,8 +215,20 @@ export const retriesKafka = (plan: Plan, brokers: string, sizes: RetrySizes): Pr
       } finally {
         await producer.disconnect()
       }
-      return await measure(plan, runtime, topics, sizes, "retries-kafka", "real broker")
+      const clear = async (topic: string) => {
+        for (const routed of topicsOf(topic).slice(1)) {
+          // Reading the ends also loads the topic's metadata, which deleting needs.
+          const ends = await admin.fetchTopicOffsets(routed)
+          const partitions = ends.filter((end) => end.high !== end.low).map((end) => ({
+            partition: end.partition,
+            offset: end.high
+          }))
+          if (partitions.length > 0) await admin.deleteTopicRecords({ topic: routed, partitions })
+        }
+      }
+      return await measure(plan, runtime, topics, sizes, "retries-kafka", "real broker", clear)
     } finally {
+      await admin.disconnect()
       await runtime.dispose()
     }
   })
