@@ -24,6 +24,8 @@ export interface Permits {
    * before a permit is there: a fiber is made only for work that can run.
    */
   readonly forkWithPermit: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<Fiber.RuntimeFiber<A, E>, never, R>
+  /** Permits not taken now. */
+  readonly free: () => number
   /** Permits not taken, and fibers waiting (for tests). */
   readonly state: () => { readonly free: number; readonly waiting: number }
 }
@@ -75,6 +77,7 @@ export const make = (permits: number): Permits => {
       ),
     withPermit: (effect) =>
       Effect.uninterruptibleMask((restore) => Effect.zipRight(restore(acquire), Effect.ensuring(restore(effect), releasing))),
+    free: () => free,
     state: () => ({ free, waiting: waiting.slice(head).filter((w) => !w.cancelled && !w.handed).length })
   }
 }

@@ -646,8 +646,12 @@ const runSession = <E, R, EH, RH>(
         const most = policyOf.unitRecords ?? 1
         if (most <= 1) return batch
         let records = first.records.length
-        // Only lanes beyond what the other workers can take: a unit never leaves workers idle to grow.
-        const share = Math.floor((ready.length - readyAt) / concurrency)
+        // Only lanes beyond what the other workers can take: a unit never leaves workers idle to grow. The workers
+        // that can take lanes are the partition's running ones and those the free permits would start; once the
+        // permits are all taken (by this partition's workers or others'), the waiting lanes are shared among the
+        // running ones: with many partitions, each has a few workers, and their units grow instead of waiting.
+        const workers = running + Math.min(permits.free(), concurrency - running)
+        const share = Math.floor((ready.length - readyAt) / Math.max(1, workers))
         while (records < most && batch.length <= share) {
           const lane = take()
           if (lane === undefined) break
