@@ -48,12 +48,14 @@ const fresh = (what: string) => `bench-${what}-${process.pid}-${++seq}-${crypto.
 /** Every twentieth record is marked to fail (on the main topic only). */
 const valueOf = (i: number) => (i % Math.round(1 / FAILING) === 7 ? "fail-" : "ok-") + String(i).padStart(250, "0")
 
+const deadLetterOf = (topic: string) => `${topic}-dlq`
+
 class Refused {
   readonly _tag = "Refused"
 }
 
 /** One run: a fresh group reads the topic; `failing` says whether the marked records fail on the main topic. */
-const runOne = <E>(
+const runOnce = <E>(
   runtime: ManagedRuntime.ManagedRuntime<Driver | Producer, E>,
   topic: string,
   records: number,
@@ -71,7 +73,7 @@ const runOne = <E>(
         topics: [topic],
         sessionTimeout: Duration.millis(settings.sessionTimeoutMs),
         retry: Schedule.recurs(0),
-        onFailure: FailureRoute.retryTopics([DELAY], { deadLetter: { topic: `${topic}-dlq` }, maxInARow: 1_000 })
+        onFailure: FailureRoute.retryTopics([DELAY], { deadLetter: { topic: deadLetterOf(topic) }, maxInARow: 1_000 })
       },
       (record) => {
         if (record.topic !== topic) return work
@@ -89,8 +91,11 @@ const runOne = <E>(
     return counter.sample()
   }))
 
-/** The topics of a run: the main one, its retry topic and its dead-letter topic. */
-const topicsOf = (topic: string) => [topic, `${topic}-retry-0`, `${topic}-dlq`]
+/** Where a main topic's failed records go: its retry topic and its dead-letter topic. */
+const routedOf = (topic: string) => [FailureRoute.retryTopic(topic, 0), deadLetterOf(topic)]
+
+/** The topics of a run: the main one and those its failed records go to. */
+const topicsOf = (topic: string) => [topic, ...routedOf(topic)]
 
 const measure = async <E>(
   plan: Plan,
@@ -103,30 +108,30 @@ const measure = async <E>(
   clear: (topic: string) => Promise<void>
 ): Promise<Omit<BenchResult, "elapsedSeconds" | "load">> => {
   const failingLabel = `${FAILING * 100}% fail once, retried after ${DELAY}`
-  const runOnce = async (topic: string, records: number, failing: boolean, handler: Handler) => {
+  const runFresh = async (topic: string, records: number, failing: boolean, handler: Handler) => {
     await clear(topic)
-    return runOne(runtime, topic, records, failing, handler)
+    return runOnce(runtime, topic, records, failing, handler)
   }
   const variants = await compare(plan, [
     {
       id: "timed-clean",
       label: "waits 1 ms per record, no record fails",
-      run: () => runOnce(topics.timer1ms, sizes.timedRecords, false, "timer1ms")
+      run: () => runFresh(topics.timer1ms, sizes.timedRecords, false, "timer1ms")
     },
     {
       id: "timed-failing",
       label: `waits 1 ms per record, ${failingLabel}`,
-      run: () => runOnce(topics.timer1ms, sizes.timedRecords, true, "timer1ms")
+      run: () => runFresh(topics.timer1ms, sizes.timedRecords, true, "timer1ms")
     },
     {
       id: "clean",
       label: "does nothing, no record fails",
-      run: () => runOnce(topics.nothing, sizes.records, false, "nothing")
+      run: () => runFresh(topics.nothing, sizes.records, false, "nothing")
     },
     {
       id: "failing",
       label: `does nothing, ${failingLabel}`,
-      run: () => runOnce(topics.nothing, sizes.records, true, "nothing")
+      run: () => runFresh(topics.nothing, sizes.records, true, "nothing")
     }
   ])
   return {
@@ -173,7 +178,7 @@ export const retriesInMemory = (plan: Plan, sizes: RetrySizes): Promise<BenchRes
       const clear = (topic: string) =>
         runtime.runPromise(Effect.gen(function*() {
           const kafka = yield* InMemoryKafka.InMemoryKafka
-          for (const routed of topicsOf(topic).slice(1)) {
+          for (const routed of routedOf(topic)) {
             const ends = yield* kafka.endOffsets(routed)
             yield* Effect.forEach(ends, (end, partition) => kafka.deleteRecords(routed, partition, end), { discard: true })
           }
@@ -216,7 +221,7 @@ export const retriesKafka = (plan: Plan, brokers: string, sizes: RetrySizes): Pr
         await producer.disconnect()
       }
       const clear = async (topic: string) => {
-        for (const routed of topicsOf(topic).slice(1)) {
+        for (const routed of routedOf(topic)) {
           // Reading the ends also loads the topic's metadata, which deleting needs.
           const ends = await admin.fetchTopicOffsets(routed)
           const partitions = ends.filter((end) => end.high !== end.low).map((end) => ({

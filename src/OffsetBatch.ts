@@ -84,7 +84,7 @@ export const ofMetadata = (tp: TopicPartition.TopicPartition, position: bigint, 
 })
 
 /**
- * The metadata a batch commits with a partition's position, when it has any.
+ * The metadata a batch commits with a partition's position, if the batch carries some.
  *
  * @since 0.1.0
  * @category accessors

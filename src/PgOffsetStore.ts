@@ -747,7 +747,7 @@ const make = (
         }))
       ).pipe(Effect.flatMap((status) => status === "committed" ? Effect.void : Effect.fail(lost)))
 
-    // A unit's transaction is postgres.js's `sql.begin`, whose connection comes from the pool as any query's does, and
+    // A unit's transaction is postgres.js's `sql.begin`, whose connection comes from the pool like every query's, and
     // goes back to it once the transaction ends (the pool's `reserve` loses waiting callers when a connection closes).
     // The callback hands the transaction over and waits for the unit to decide; meanwhile the work runs on the unit's
     // fiber. Its first statement, sent with the callback, hands over postgres.js's connection object through
