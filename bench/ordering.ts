@@ -20,6 +20,7 @@ import type { OffsetStore } from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import { Counter, driverLayer, settings } from "./consumers.js"
 import { type BenchResult, compare, find, type Plan, ratioAtLeast, type Sample, timed } from "./harness.js"
+import { createTopics } from "./topics.js"
 
 export interface OrderingSizes {
   readonly records: number
@@ -167,7 +168,7 @@ export const orderingKafka = (plan: Plan, brokers: string, sizes: OrderingSizes)
     const topic = fresh("ordering")
     const runtime = ManagedRuntime.make(Layer.orDie(driverLayer(brokers)))
     try {
-      await admin.createTopics({ topics: [{ topic, numPartitions: sizes.partitions }], waitForLeaders: true })
+      await createTopics(brokers, [topic], sizes.partitions)
       const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, allowAutoTopicCreation: false })
       await producer.connect()
       try {

@@ -27,6 +27,7 @@ import * as KafkaJs from "../src/KafkaJs.js"
 import type { Producer } from "../src/Producer.js"
 import { Counter, driverLayer, settings } from "./consumers.js"
 import { type BenchResult, compare, type Plan, ratioAtLeast, ratioInfo, type Sample, timed } from "./harness.js"
+import { createTopics } from "./topics.js"
 
 export interface RetrySizes {
   /** Records of the run with the handler that does nothing. */
@@ -207,10 +208,7 @@ export const retriesKafka = (plan: Plan, brokers: string, sizes: RetrySizes): Pr
       try {
         for (const [topic, records] of [[topics.nothing, sizes.records], [topics.timer1ms, sizes.timedRecords]] as const) {
           // Leaders elected before anything is read or deleted.
-          await admin.createTopics({
-            topics: topicsOf(topic).map((t) => ({ topic: t, numPartitions: sizes.partitions })),
-            waitForLeaders: true
-          })
+          await createTopics(brokers, topicsOf(topic), sizes.partitions)
           for (let at = 0; at < records; at += 5_000) {
             const messages = []
             for (let i = at; i < Math.min(records, at + 5_000); i++) messages.push(produced(i, sizes.partitions))

@@ -2,7 +2,17 @@
  * Topics the real-broker benchmarks read: produced once per process run with raw kafkajs (the fastest way in), reused
  * by every round and variant, deleted at the end.
  */
+import * as Effect from "effect/Effect"
 import { CompressionTypes, Kafka, logLevel, Partitioners } from "kafkajs"
+import * as KafkaJs from "../src/KafkaJs.js"
+
+/**
+ * Creates topics and waits until every partition has a leader. kafkajs's `waitForLeaders` gives up on the
+ * UNKNOWN_TOPIC_OR_PARTITION a KRaft broker answers until its metadata has caught up (seen right after another topic
+ * was deleted); the library's `createTopic` waits that out.
+ */
+export const createTopics = (brokers: string, topics: ReadonlyArray<string>, partitions: number): Promise<void> =>
+  Effect.runPromise(Effect.forEach(topics, (topic) => KafkaJs.createTopic(brokers, topic, partitions), { discard: true }))
 
 export interface BenchTopic {
   readonly name: string
@@ -62,7 +72,7 @@ export const makeTopics = (brokers: string, runId: string, log: (line: string) =
         const name = `bench-${runId}-${records}x${valueBytes}b`
         const spec: BenchTopic = { name, partitions, records, valueBytes }
         const started = performance.now()
-        await admin.createTopics({ topics: [{ topic: name, numPartitions: partitions }], waitForLeaders: true })
+        await createTopics(brokers, [name], partitions)
         await produce(spec)
         const offsets = await admin.fetchTopicOffsets(name)
         const total = offsets.reduce((sum, o) => sum + Number(o.high) - Number(o.low), 0)
