@@ -385,7 +385,10 @@ export const createTopic = (
       catch: internal.driverError("createTopic")
     })
     // kafkajs's own wait for leaders gives up on the UNKNOWN_TOPIC_OR_PARTITION a KRaft broker answers until its
-    // metadata has caught up with the new topic; wait here until every partition has a leader.
+    // metadata has caught up with the new topic; wait here until every partition has a leader. A leader named in the
+    // metadata may still refuse a partition for a moment (NOT_LEADER_OR_FOLLOWER): a write to it would fail, and a
+    // client that retries a whole request would write the partitions that took it twice. So the partitions' offsets,
+    // which only their leaders answer, must be read too.
     const ready = Effect.tryPromise({
       try: () => admin.fetchTopicMetadata({ topics: [topic] }),
       catch: internal.driverError("createTopic")
@@ -395,6 +398,14 @@ export const createTopic = (
         return found !== undefined && found.partitions.length >= partitions &&
           found.partitions.every((p) => p.leader >= 0)
       }),
+      Effect.flatMap((led) =>
+        led
+          ? Effect.tryPromise({
+            try: () => admin.fetchTopicOffsets(topic),
+            catch: internal.driverError("createTopic")
+          }).pipe(Effect.map((offsets) => offsets.length >= partitions))
+          : Effect.succeed(false)
+      ),
       Effect.catchAll(() => Effect.succeed(false))
     )
     const led = yield* ready.pipe(
