@@ -1,7 +1,6 @@
 import * as Clock from "effect/Clock"
 import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
 import type * as Scope from "effect/Scope"
 import type {
   Admin,
@@ -130,13 +129,103 @@ const connected = <A extends { connect: () => Promise<void>; disconnect: () => P
     () => disconnect(() => client.disconnect())
   )
 
+/** Each topic of a batch, with the highest partition a record of it names (-1 for none). */
+const highestPartitions = (batch: ReadonlyArray<ProducerRecord>): Map<string, number> => {
+  const highest = new Map<string, number>()
+  let last: string | undefined
+  let lastHighest = -1
+  for (let i = 0; i < batch.length; i++) {
+    const record = batch[i]!
+    if (record.topic !== last) {
+      if (last !== undefined) highest.set(last, lastHighest)
+      last = record.topic
+      lastHighest = highest.get(last) ?? -1
+    }
+    if (record.partition !== undefined && record.partition > lastHighest) lastHighest = record.partition
+  }
+  if (last !== undefined) highest.set(last, lastHighest)
+  return highest
+}
+
+/** Per topic its messages in the order sent (so, per partition, its records in that order). */
+const messagesOf = (batch: ReadonlyArray<ProducerRecord>, { partitionOf, topics }: producer.Layout) => {
+  const topicMessages: Array<TopicMessages> = new Array(topics.length)
+  for (let t = 0; t < topics.length; t++) {
+    const { indexes, topic } = topics[t]!
+    const messages: Array<Message> = new Array(indexes.length)
+    for (let j = 0; j < indexes.length; j++) {
+      const i = indexes[j]!
+      messages[j] = toMessage(batch[i]!, partitionOf[i]!)
+    }
+    topicMessages[t] = { topic, messages }
+  }
+  return topicMessages
+}
+
+/** Every record of a batch kafkajs refused as a whole gets the refusal. */
+const refused = ({ out, partitionOf, topics }: producer.Layout, error: unknown) => {
+  for (const { indexes, topic } of topics) {
+    for (const i of indexes) out[i] = produceFailed(error, topic, partitionOf[i]!)
+  }
+  return out
+}
+
+/** Each written record's metadata, from its partition's base offset in the broker's answer. */
+const answered = (
+  { out, partitionOf, topics }: producer.Layout,
+  answer: ReadonlyArray<KafkaRecordMetadata>,
+  acks: -1 | 0 | 1
+) => {
+  const byTopic = new Map<string, Map<number, KafkaRecordMetadata>>()
+  for (const m of answer) {
+    let partitions = byTopic.get(m.topicName)
+    if (partitions === undefined) byTopic.set(m.topicName, partitions = new Map())
+    partitions.set(m.partition, m)
+  }
+  for (const { count, indexes, topic } of topics) {
+    const partitions = byTopic.get(topic)
+    // Per partition the offset of its next record in this batch, or why its records were not written.
+    const next: Array<bigint | ProduceFailed | undefined> = new Array(count)
+    for (let j = 0; j < indexes.length; j++) {
+      const i = indexes[j]!
+      const partition = partitionOf[i]!
+      if (acks === 0) {
+        out[i] = { topic, partition, offset: -1n }
+        continue
+      }
+      let offset = next[partition]
+      if (offset === undefined) {
+        const m = partitions?.get(partition)
+        offset = m !== undefined && m.baseOffset !== undefined && Number(m.errorCode) === 0
+          ? BigInt(m.baseOffset)
+          : new ProduceFailed({
+            reason: "Other",
+            topic,
+            partition,
+            detail: m === undefined
+              ? "the broker did not answer for the partition"
+              : `the broker answered error code ${m.errorCode}`
+          })
+      }
+      if (typeof offset === "bigint") {
+        out[i] = { topic, partition, offset }
+        next[partition] = offset + 1n
+      } else {
+        out[i] = offset
+        next[partition] = offset
+      }
+    }
+  }
+  return out
+}
+
 /**
  * Writes batches with `send`: a kafkajs admin client reads each topic's partition count (cached for five minutes,
  * and read again before a record is refused for naming a partition the topic does not have), so that partitions are
  * chosen here, records for unknown topics or partitions are refused before they are batched with others, and each
  * record's offset is known from its partition's base offset in the answer.
  */
-const makeWriter = (admin: Admin, resolved: producer.Resolved, send: () => SendBatch) => {
+const makeWriter = (admin: Admin, resolved: producer.Resolved, clock: Clock.Clock, send: () => SendBatch) => {
   const counts = new Map<string, { readonly count: number; readonly at: number }>()
   const readCount = (topic: string, now: number) =>
     Effect.tryPromise(() => admin.fetchTopicMetadata({ topics: [topic] })).pipe(
@@ -157,92 +246,37 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, send: () => SendB
   const partitioner = producer.makePartitioner()
   const compression = resolved.compression === "gzip" ? CompressionTypes.GZIP : CompressionTypes.None
 
-  const write = (batch: ReadonlyArray<ProducerRecord>) =>
-    Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      // Each topic of the batch, with the highest partition a record of it names (-1 for none).
-      const highest = new Map<string, number>()
-      let last: string | undefined
-      let lastHighest = -1
-      for (const record of batch) {
-        if (record.topic !== last) {
-          if (last !== undefined) highest.set(last, lastHighest)
-          last = record.topic
-          lastHighest = highest.get(last) ?? -1
-        }
-        if (record.partition !== undefined && record.partition > lastHighest) lastHighest = record.partition
-      }
-      if (last !== undefined) highest.set(last, lastHighest)
-      const known = new Map<string, number | ProduceFailed>()
-      for (const [topic, partition] of highest) {
-        const cached = counts.get(topic)
-        const stale = cached === undefined || now - cached.at > METADATA_MAX_AGE || partition >= cached.count
-        known.set(topic, stale ? yield* readCount(topic, now) : cached.count)
-      }
-      const { out, partitionOf, topics } = partitioner(batch, known)
-      if (topics.length === 0) return out
-
-      // Per topic its messages in the order sent (so, per partition, its records in that order).
-      const topicMessages: Array<TopicMessages> = topics.map(({ indexes, topic }) => ({
-        topic,
-        messages: indexes.map((i) => toMessage(batch[i]!, partitionOf[i]!))
-      }))
-      const answer = yield* Effect.either(
-        Effect.tryPromise(() =>
-          send()({
-            topicMessages,
-            acks: resolved.acks,
-            timeout: resolved.timeoutMillis,
-            compression
-          })
-        )
+  // A batch is laid out, sent and answered in plain code around one asynchronous step (kafkajs's send): the
+  // writer runs between kafkajs's own work on every batch, where each step of the runtime costs more than alone.
+  const sendLaidOut = (batch: ReadonlyArray<ProducerRecord>, known: ReadonlyMap<string, number | ProduceFailed>) => {
+    const layout = partitioner(batch, known)
+    if (layout.topics.length === 0) return Effect.succeed(layout.out)
+    const request = { topicMessages: messagesOf(batch, layout), acks: resolved.acks, timeout: resolved.timeoutMillis, compression }
+    return Effect.async<ReadonlyArray<producer.Written>>((resume) => {
+      send()(request).then(
+        (answer) => resume(Effect.succeed(answered(layout, answer, resolved.acks))),
+        (error: unknown) => resume(Effect.succeed(refused(layout, error)))
       )
-      if (Either.isLeft(answer)) {
-        for (const { indexes, topic } of topics) {
-          for (const i of indexes) out[i] = produceFailed(answer.left.error, topic, partitionOf[i]!)
-        }
-        return out
-      }
-      const answered = new Map<string, Map<number, KafkaRecordMetadata>>()
-      for (const m of answer.right) {
-        let partitions = answered.get(m.topicName)
-        if (partitions === undefined) answered.set(m.topicName, partitions = new Map())
-        partitions.set(m.partition, m)
-      }
-      for (const { count, indexes, topic } of topics) {
-        const partitions = answered.get(topic)
-        // Per partition the offset of its next record in this batch, or why its records were not written.
-        const next: Array<bigint | ProduceFailed | undefined> = new Array(count)
-        for (const i of indexes) {
-          const partition = partitionOf[i]!
-          if (resolved.acks === 0) {
-            out[i] = { topic, partition, offset: -1n }
-            continue
-          }
-          let offset = next[partition]
-          if (offset === undefined) {
-            const m = partitions?.get(partition)
-            offset = m !== undefined && m.baseOffset !== undefined && Number(m.errorCode) === 0
-              ? BigInt(m.baseOffset)
-              : new ProduceFailed({
-                reason: "Other",
-                topic,
-                partition,
-                detail: m === undefined
-                  ? "the broker did not answer for the partition"
-                  : `the broker answered error code ${m.errorCode}`
-              })
-          }
-          if (typeof offset === "bigint") {
-            out[i] = { topic, partition, offset }
-            next[partition] = offset + 1n
-          } else {
-            out[i] = offset
-            next[partition] = offset
-          }
+    })
+  }
+
+  const write = (batch: ReadonlyArray<ProducerRecord>): Effect.Effect<ReadonlyArray<producer.Written>> =>
+    Effect.suspend(() => {
+      const now = clock.unsafeCurrentTimeMillis()
+      const known = new Map<string, number | ProduceFailed>()
+      let stale: Array<string> | undefined
+      for (const [topic, partition] of highestPartitions(batch)) {
+        const cached = counts.get(topic)
+        if (cached === undefined || now - cached.at > METADATA_MAX_AGE || partition >= cached.count) {
+          ;(stale ??= []).push(topic)
+        } else {
+          known.set(topic, cached.count)
         }
       }
-      return out
+      if (stale === undefined) return sendLaidOut(batch, known)
+      return Effect.forEach(stale, (topic) => Effect.map(readCount(topic, now), (count) => known.set(topic, count)), {
+        discard: true
+      }).pipe(Effect.zipRight(Effect.suspend(() => sendLaidOut(batch, known))))
     })
   return write
 }
@@ -284,7 +318,8 @@ export const make = (
         }
         throw error
       })
-    return yield* producer.make(resolved, { write: makeWriter(admin, resolved, () => send) })
+    const clock = yield* Effect.clock
+    return yield* producer.make(resolved, { write: makeWriter(admin, resolved, clock, () => send) })
   })
 
 const transactionFailed = (transactionalId: string, operation: TransactionFailed["operation"]) => (cause: unknown) => {
@@ -338,7 +373,7 @@ export const makeTransactionClients = (
         let current: Transaction | undefined
         const send: SendBatch = (request) =>
           current === undefined ? Promise.reject(new Error("no open transaction")) : current.sendBatch(request)
-        const write = makeWriter(admin, resolved, () => send)
+        const write = makeWriter(admin, resolved, yield* Effect.clock, () => send)
         const begin = (operation: "init" | "begin") =>
           Effect.tryPromise({
             try: () => kafkaProducer!.transaction(),

@@ -109,6 +109,17 @@ export type Written = RecordMetadata | ProduceFailed
 /** @internal */
 export const isFailure = (written: Written): written is ProduceFailed => written instanceof ProduceFailed
 
+const firstFailure = (results: ReadonlyArray<Written>): ProduceFailed | undefined => {
+  for (let i = 0; i < results.length; i++) {
+    const written = results[i]!
+    if (isFailure(written)) return written
+  }
+  return undefined
+}
+
+const allWritten = (results: ReadonlyArray<Written>): results is ReadonlyArray<RecordMetadata> =>
+  firstFailure(results) === undefined
+
 /**
  * Where batches go: `write` gets the records of one batch in the order they were sent and answers for each, in the
  * same order. It never fails as a whole: a refusal of the whole batch is the same `ProduceFailed` for each record.
@@ -178,7 +189,7 @@ export interface TopicRecords {
 export interface Layout {
   /** The answers of the records that cannot be sent; the transport gives the others theirs. */
   readonly out: Array<Written>
-  readonly partitionOf: Int32Array
+  readonly partitionOf: Array<number>
   readonly topics: ReadonlyArray<TopicRecords>
 }
 
@@ -200,7 +211,7 @@ export const makePartitioner = () => {
   return (batch: ReadonlyArray<ProducerRecord>, counts: ReadonlyMap<string, number | ProduceFailed>): Layout => {
     const n = batch.length
     const out: Array<Written> = new Array(n)
-    const partitionOf = new Int32Array(n)
+    const partitionOf: Array<number> = new Array(n)
     const byTopic = new Map<string, TopicLayout>()
     const topics: Array<TopicLayout> = []
     let last: TopicLayout | undefined
@@ -315,6 +326,8 @@ interface Segment {
   readonly group: Group
   readonly from: number
   readonly to: number
+  /** The records' sizes added up. */
+  readonly bytes: number
 }
 
 const closed = (record: ProducerRecord, detail: string) =>
@@ -364,9 +377,15 @@ export const make = (
     }
 
     const writeBatch = (batch: ReadonlyArray<Segment>) => {
-      const records: Array<ProducerRecord> = []
-      for (const { from, group, to } of batch) {
-        for (let i = from; i < to; i++) records.push(group.records[i]!)
+      // A batch that is one whole call (a `sendAll` written as it came) is written as the call's own copy.
+      const whole = batch.length === 1 && batch[0]!.from === 0 && batch[0]!.to === batch[0]!.group.records.length
+      let records = batch[0]!.group.records
+      if (!whole) {
+        const gathered: Array<ProducerRecord> = []
+        for (const { from, group, to } of batch) {
+          for (let i = from; i < to; i++) gathered.push(group.records[i]!)
+        }
+        records = gathered
       }
       return transport.write(records).pipe(
         Effect.exit,
@@ -412,19 +431,22 @@ export const make = (
       let taken = 0
       while (taken < buffer.length) {
         const segment = buffer[taken]!
-        const { from, group, to } = segment
-        let end = from
-        while (end < to && (bytes === 0 || bytes + group.sizes[end]! <= settings.batchSize)) {
-          bytes += group.sizes[end]!
-          end++
-        }
-        if (end === to) {
+        if (bytes + segment.bytes <= settings.batchSize || (bytes === 0 && segment.to - segment.from === 1)) {
+          bytes += segment.bytes
           batch.push(segment)
           taken++
           continue
         }
-        if (end > from) batch.push({ group, from, to: end })
-        buffer[taken] = { group, from: end, to }
+        const { from, group, to } = segment
+        let end = from
+        let head = 0
+        while (end < to && (bytes + head === 0 || bytes + head + group.sizes[end]! <= settings.batchSize)) {
+          head += group.sizes[end]!
+          end++
+        }
+        if (end > from) batch.push({ group, from, to: end, bytes: head })
+        buffer[taken] = { group, from: end, to, bytes: segment.bytes - head }
+        bytes += head
         break
       }
       buffer = taken === buffer.length ? [] : buffer.slice(taken)
@@ -468,6 +490,12 @@ export const make = (
         const batch = cut()
         inFlight.add(batch)
         running++
+        if (settings.maxInFlightRequests === 1) {
+          // One batch at a time: the collector writes it itself (a fiber of its own would only add a hand-over), and
+          // cuts the next one once it is answered.
+          yield* writeBatch(batch)
+          continue
+        }
         const writer = yield* Effect.forkDaemon(Effect.interruptible(writeBatch(batch)))
         writers.add(writer)
         writer.addObserver(() => writers.delete(writer))
@@ -491,6 +519,7 @@ export const make = (
       const wasEmpty = buffer.length === 0
       // Runs of records that can be sent become segments; the others are answered at once.
       let from = 0
+      let bytes = 0
       for (let index = 0; index < records.length; index++) {
         const record = records[index]!
         const size = sizeOf(record)
@@ -499,14 +528,17 @@ export const make = (
           ? closed(record, "the producer is shut down")
           : refuse(record, size, settings.maxRequestSize)
         if (refused === undefined) {
-          bufferBytes += size
+          bytes += size
           continue
         }
-        if (index > from) buffer.push({ group, from, to: index })
+        if (index > from) buffer.push({ group, from, to: index, bytes })
+        bufferBytes += bytes
+        bytes = 0
         from = index + 1
         group.settle(index, refused)
       }
-      if (records.length > from) buffer.push({ group, from, to: records.length })
+      if (records.length > from) buffer.push({ group, from, to: records.length, bytes })
+      bufferBytes += bytes
       // The collector waits with no deadline while the buffer is empty, and with the linger deadline of the oldest
       // record otherwise: it is woken when the buffer stops being empty or holds a full batch.
       if (buffer.length > 0 && (wasEmpty || bufferBytes >= settings.batchSize)) signal()
@@ -518,15 +550,9 @@ export const make = (
       return isFailure(written) ? Effect.fail(written) : Effect.succeed(written)
     }
 
-    const answerAll = (results: ReadonlyArray<Written>): Effect.Effect<ReadonlyArray<RecordMetadata>, ProduceFailed> => {
-      const out: Array<RecordMetadata> = new Array(results.length)
-      for (let i = 0; i < results.length; i++) {
-        const r = results[i]!
-        if (isFailure(r)) return Effect.fail(r)
-        out[i] = r
-      }
-      return Effect.succeed(out)
-    }
+    // A group's answers, once all are in, are the caller's as they are (no copy) when none is a failure.
+    const answerAll = (results: ReadonlyArray<Written>): Effect.Effect<ReadonlyArray<RecordMetadata>, ProduceFailed> =>
+      allWritten(results) ? Effect.succeed(results) : Effect.fail(firstFailure(results)!)
 
     // With observability (looked up in the caller's context), a send is counted, timed and traced.
     const send: Context.Tag.Service<typeof Producer>["send"] = (record) =>
