@@ -1,5 +1,5 @@
 /**
- * The measuring core shared by every benchmark: variants run interleaved (A B A B ...) after warm-up rounds, each
+ * The measuring core shared by every benchmark: variants run interleaved (A B, B A, ...) after warm-up rounds, each
  * round's figure is kept, and a benchmark reports medians and the ratios it is judged by.
  */
 import * as os from "node:os"
@@ -86,8 +86,9 @@ const gc = (): void => {
 }
 
 /**
- * Runs the variants interleaved, `warmup` rounds first (not kept), then `rounds` measured rounds, in the same order
- * every round.
+ * Runs the variants interleaved, `warmup` rounds first (not kept), then `rounds` measured rounds, in the given order
+ * in even rounds and in the reverse order in odd ones (A B C D, D C B A, ...), so that no variant always runs right
+ * after the same other one.
  */
 export const compare = async (
   plan: Plan,
@@ -97,7 +98,8 @@ export const compare = async (
   const total = plan.warmup + plan.rounds
   for (let round = 0; round < total; round++) {
     const warm = round < plan.warmup
-    for (const variant of variants) {
+    const order = round % 2 === 0 ? variants : [...variants].reverse()
+    for (const variant of order) {
       gc()
       const sample = await withTimeout(variant.run(round), plan.runTimeoutMillis, `${variant.label} (round ${round})`)
       plan.log(
@@ -149,6 +151,21 @@ export const ratioAtLeast = (
 export const ratioInfo = (variants: ReadonlyArray<VariantResult>, numerator: string, denominator: string): Check => {
   const value = find(variants, numerator).median / find(variants, denominator).median
   return { name: `${numerator}/${denominator}`, value, target: "(reported)", hit: true }
+}
+
+/**
+ * The median of the round-by-round ratios of two variants (each round runs both, one right after the other): reported
+ * next to the ratio of medians, it shows how much of a gap between them drift between rounds explains.
+ */
+export const pairedRatioInfo = (
+  variants: ReadonlyArray<VariantResult>,
+  numerator: string,
+  denominator: string
+): Check => {
+  const top = find(variants, numerator).samples
+  const bottom = find(variants, denominator).samples
+  const value = median(top.map((value, i) => value / bottom[i]!))
+  return { name: `${numerator}/${denominator} per round`, value, target: "(reported)", hit: true }
 }
 
 export const formatNumber = (value: number): string => {

@@ -59,7 +59,7 @@ const full: Sizes = {
   inMemoryRecords: 1_000_000,
   backlog: { small: 100_000, large: 1_000_000, partitions: 6, windowMs: 8_000, chunkDelayMs: 500 },
   producer: {
-    throughputRecords: 200_000,
+    throughputRecords: 100_000,
     valueBytes: [256, 16],
     fiberRecords: 20_000,
     pipelineRecords: 200_000,
