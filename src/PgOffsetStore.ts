@@ -193,10 +193,19 @@ const decodeClaims = Schema.decodeUnknownSync(
     Schema.Tuple(Schema.String, Schema.String, Schema.NullOr(Schema.String), Schema.String, Schema.NullOr(Schema.String))
   )
 )
-const decodeStored = Schema.decodeUnknownSync(
-  Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String), Schema.NullOr(Schema.String)))
-)
 const decodeText = Schema.decodeUnknownSync(Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String))))
+const decodeLocked = Schema.decodeUnknownSync(
+  Schema.Array(Schema.Tuple(Schema.NullOr(Schema.String), Schema.NullOr(Schema.String), Schema.String))
+)
+
+/**
+ * The position of a unit, stored: the transaction's id (to settle a COMMIT whose answer is lost), and, when the
+ * position's last statement is still on its way, that statement: COMMIT is sent right behind it (see `storePosition`).
+ */
+interface Stored {
+  readonly xid: string
+  readonly written: Promise<unknown> | undefined
+}
 
 // Array parameters are sent as Postgres array literals in text (`{"a","b"}`, cast in the statement), so that they do
 // not depend on the client having fetched the server's array types: a client given as `sql` may be set up with
@@ -648,11 +657,18 @@ const make = (
     // transaction, so that a COMMIT whose answer is lost with the connection can be settled (see `settle`).
     // A unit of a chunk on a partition without finished ranges (the usual case) is one statement. Otherwise the row is
     // locked and read (`for update`: units of the same owner committing side by side take turns here, each adding its
-    // ranges to what the one before stored), and written back.
+    // ranges to what the one before stored), and written back. That last UPDATE is not waited for: COMMIT goes with it
+    // (one round trip, not two, and the row is not held across a round trip to the consumer). It cannot miss the row,
+    // which this transaction holds with the unit's epoch; should it find none all the same, it fails (a division by
+    // zero), and a failed statement makes the server roll back the COMMIT behind it.
     // Each statement is put on the transaction's connection at once (`execute`), and only while the transaction is
     // neither ending nor gone: a statement made after its ROLLBACK would run on the connection outside it, in another
     // session's transaction or in none, and store a position without the unit's results.
-    const storePosition = async (tx: postgres.TransactionSql, handle: PgTransaction, unit: CommitUnit) => {
+    const storePosition = async (
+      tx: postgres.TransactionSql,
+      handle: PgTransaction,
+      unit: CommitUnit
+    ): Promise<Stored | undefined> => {
       const send = (query: string, parameters: ReadonlyArray<unknown>) => {
         if (handle.ending || !handle.alive()) {
           throw new TransactionClosed("UNIT_ENDED", "the unit's transaction is ending; nothing more is sent in it")
@@ -668,22 +684,29 @@ const make = (
            returning txid_current()::text`,
           [...place, unit.next.toString()]
         )
-        if (simple.length > 0) return simple
+        if (simple.length > 0) return { xid: decodeText(simple)[0]![0] ?? "", written: undefined }
       }
-      const rows = decodeStored(await send(`select next_offset::text, finished from ${table} ${where} for update`, place))
-      if (rows.length === 0) return []
-      const [next, finishedText] = rows[0]!
+      const rows = decodeLocked(
+        await send(`select next_offset::text, finished, txid_current()::text from ${table} ${where} for update`, place)
+      )
+      if (rows.length === 0) return undefined
+      const [next, finishedText, xid] = rows[0]!
       const position = next === null ? null : BigInt(next)
       const stored = Progress.advance(
         { position, finished: position === null ? [] : Progress.decode(position, finishedText) },
         unit
       )
       const text = Progress.encode(stored.position, stored.finished, Number.POSITIVE_INFINITY)
-      return send(
-        `update ${table} set next_offset = $5::bigint, finished = $6, updated_at = now() ${where}
-         returning txid_current()::text`,
+      const written: Promise<unknown> = send(
+        `with written as (
+           update ${table} set next_offset = $5::bigint, finished = $6, updated_at = now() ${where} returning 1
+         )
+         select 1 / count(*) from written`,
         [...place, stored.position.toString(), text === "" ? null : text]
       )
+      // Looked at once COMMIT has answered (`commitSession`).
+      written.catch(() => undefined)
+      return { xid, written }
     }
 
     const fenced = (
@@ -786,13 +809,20 @@ const make = (
       })
     })
 
-    // Ends the transaction with COMMIT, unless its connection is gone: then nothing may be sent on it any more.
-    const commitSession = (session: Session): Effect.Effect<void, OffsetStoreError | Transient> =>
-      onUnit(session.handle, () => {
+    // Ends the transaction with COMMIT, unless its connection is gone: then nothing may be sent on it any more. With
+    // the position's last statement still on its way, the transaction committed only if that statement did: had it
+    // failed, the server rolled the COMMIT behind it back (and answered it as a ROLLBACK, which postgres.js does not
+    // tell apart), so its failure is the unit's.
+    const commitSession = (session: Session, written: Promise<unknown> | undefined): Effect.Effect<
+      void,
+      OffsetStoreError | Transient
+    > =>
+      onUnit(session.handle, async () => {
         session.handle.ending = true
         session.finish(true)
-        return session.outcome
-      }).pipe(Effect.asVoid)
+        await session.outcome
+        if (written !== undefined) await written
+      })
 
     // Rolls back in the background if it takes longer than the bound: a rollback waits behind the statements still
     // running on the connection. A transaction whose connection is gone is left as it is: the server rolled it back.
@@ -835,14 +865,13 @@ const make = (
               }
               return yield* exit
             }
-            const stored = decodeText(yield* onUnit(handle, () => storePosition(tx, handle, unit)))
-            if (stored.length === 0) return yield* fenced(tx, handle, unit)
-            const xid = stored[0][0] ?? ""
+            const stored = yield* onUnit(handle, () => storePosition(tx, handle, unit))
+            if (stored === undefined) return yield* fenced(tx, handle, unit)
             // Once COMMIT is sent, its answer is awaited: an interruption now could not undo it.
             yield* Effect.uninterruptible(
-              commitSession(session).pipe(
+              commitSession(session, stored.written).pipe(
                 Effect.catchIf(isTransientError, (transient) =>
-                  handle.lost === undefined ? Effect.fail(transient) : settle(xid, transient))
+                  handle.lost === undefined ? Effect.fail(transient) : settle(stored.xid, transient))
               )
             )
             return exit.value

@@ -627,6 +627,37 @@ describe("PgOffsetStore", () => {
       assert.deepStrictEqual(yield* readResults(groupId, orders0), [])
     }).pipe(Effect.provide(suiteLayer)))
 
+  it.live("a unit whose ranges fail to be written back, once their row is locked, is rolled back and fails", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const groupId = newGroup()
+      const epoch = yield* epochOf(store, groupId)
+      // A unit of records finished out of order locks its partition's row, adds its ranges and writes the row back;
+      // COMMIT is sent along with that UPDATE. Here a trigger refuses the UPDATE (for this group only): the server then
+      // rolls the COMMIT back, and the store must say the unit failed.
+      yield* query((sql) =>
+        sql.unsafe(
+          `create or replace function "refuse_ranges_${run}"() returns trigger language plpgsql as $$
+           begin raise exception 'ranges refused' using errcode = 'P0001'; end $$`
+        )
+      )
+      yield* query((sql) =>
+        sql.unsafe(
+          `create trigger "refuse_ranges_${run}" before update on "${table}" for each row
+           when (new.group_id = '${groupId}' and new.finished is not null) execute function "refuse_ranges_${run}"()`
+        )
+      )
+      const error = yield* store.commit(
+        { groupId, partition: orders0, epoch, next: 0n, finished: [[3n, 4n]] },
+        insertResults(groupId, orders0, ["rolled back"])
+      ).pipe(Effect.flip)
+      assert.instanceOf(error, OffsetStore.OffsetStoreError)
+      assert.include(error.message, "ranges refused")
+      assert.deepStrictEqual(yield* readResults(groupId, orders0), [], "nothing of the unit landed")
+      const claimed = (yield* store.claim(groupId, [orders0])).get("orders-0")
+      assert.deepStrictEqual(claimed, { epoch: epoch + 1n, position: null }, "no position and no ranges were stored")
+    }).pipe(Effect.provide(suiteLayer)))
+
   it.live("fails a query with a typed error naming its SQLSTATE, and does not retry what does not pass", () =>
     Effect.gen(function*() {
       const store = yield* OffsetStore.OffsetStore
@@ -915,26 +946,38 @@ describe("PgOffsetStore", () => {
         assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 1n)
       }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
 
-    it.live("during COMMIT, after it committed, asks the server and does not run the unit again", () =>
-      Effect.gen(function*() {
-        const proxy = yield* commitDroppingProxy
-        const { store } = yield* storeOnOwnClient({}, proxy.url)
-        const groupId = newGroup()
-        const epoch = yield* epochOf(store, groupId)
-        const attempts = yield* Ref.make(0)
-        proxy.state.armed = true
-        yield* within(
-          "the unit",
-          store.commit(
-            { groupId, partition: orders0, epoch, next: 1n },
-            Ref.update(attempts, (n) => n + 1).pipe(Effect.zipRight(insertResults(groupId, orders0, ["a"])))
+    // A unit of records finished out of order sends COMMIT along with the UPDATE that writes its ranges back: the
+    // proxy then drops the answers to both.
+    for (const shape of ["a unit of a chunk", "a unit of records finished out of order"] as const) {
+      it.live(`during COMMIT, after it committed, asks the server and does not run the unit again (${shape})`, () =>
+        Effect.gen(function*() {
+          const proxy = yield* commitDroppingProxy
+          const { store } = yield* storeOnOwnClient({}, proxy.url)
+          const groupId = newGroup()
+          const epoch = yield* epochOf(store, groupId)
+          const attempts = yield* Ref.make(0)
+          proxy.state.armed = true
+          const unit = shape === "a unit of a chunk"
+            ? { groupId, partition: orders0, epoch, next: 1n }
+            : { groupId, partition: orders0, epoch, next: 1n, finished: [[3n, 4n]] as const }
+          yield* within(
+            "the unit",
+            store.commit(
+              unit,
+              Ref.update(attempts, (n) => n + 1).pipe(Effect.zipRight(insertResults(groupId, orders0, ["a"])))
+            )
           )
-        )
-        assert.strictEqual(proxy.state.dropped, 1, "the proxy dropped the answer to COMMIT")
-        assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a"], "the unit's results, once")
-        assert.strictEqual(yield* Ref.get(attempts), 1, "the unit committed, so it ran once")
-        assert.strictEqual((yield* store.load(groupId, [orders0])).get("orders-0"), 1n)
-      }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+          assert.strictEqual(proxy.state.dropped, 1, "the proxy dropped the answer to COMMIT")
+          assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a"], "the unit's results, once")
+          assert.strictEqual(yield* Ref.get(attempts), 1, "the unit committed, so it ran once")
+          assert.deepStrictEqual(
+            (yield* store.claim(groupId, [orders0])).get("orders-0"),
+            shape === "a unit of a chunk"
+              ? { epoch: epoch + 1n, position: 1n }
+              : { epoch: epoch + 1n, position: 1n, finished: [[3n, 4n]] }
+          )
+        }).pipe(Effect.scoped, Effect.provide(suiteLayer)))
+    }
 
     it.live("fails with the store's error once retries run out, naming the operation and the last failure", () =>
       Effect.gen(function*() {
