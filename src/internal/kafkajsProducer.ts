@@ -251,11 +251,16 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, clock: Clock.Cloc
   const sendLaidOut = (batch: ReadonlyArray<ProducerRecord>, known: ReadonlyMap<string, number | ProduceFailed>) => {
     const layout = partitioner(batch, known)
     if (layout.topics.length === 0) return Effect.succeed(layout.out)
-    const request = { topicMessages: messagesOf(batch, layout), acks: resolved.acks, timeout: resolved.timeoutMillis, compression }
+    const request = {
+      topicMessages: messagesOf(batch, layout),
+      acks: resolved.acks,
+      timeout: resolved.timeoutMillis,
+      compression
+    }
     return Effect.async<ReadonlyArray<producer.Written>>((resume) => {
       send()(request).then(
-        (answer) => resume(Effect.succeed(answered(layout, answer, resolved.acks))),
-        (error: unknown) => resume(Effect.succeed(refused(layout, error)))
+        (answer) => resume(Effect.sync(() => answered(layout, answer, resolved.acks))),
+        (error: unknown) => resume(Effect.sync(() => refused(layout, error)))
       )
     })
   }
