@@ -127,9 +127,9 @@ const libraryThroughput = (
   ))
 
 /**
- * Benchmark 6 runs this many times the rounds of the others, with runs as much shorter: a run's rate moves by up to a
- * quarter from one run to the next on a small machine (the broker shares it), so many short runs give a steadier
- * median than a few long ones.
+ * Benchmark 6 runs this many times the rounds of the others, with shorter runs: a run's rate moves by up to a quarter
+ * from one run to the next on a small machine (the broker shares it), so many short runs give a steadier median than a
+ * few long ones.
  */
 const THROUGHPUT_ROUNDS = 2
 
@@ -147,13 +147,13 @@ export const producerThroughput = (
     const topic = await createTopic(brokers, sizes.partitions)
     try {
       const n = sizes.throughputRecords
-      const rounds = { ...plan, rounds: plan.rounds * THROUGHPUT_ROUNDS }
+      const throughputPlan = { ...plan, rounds: plan.rounds * THROUGHPUT_ROUNDS }
       plan.log(`6. producer throughput, ${n.toLocaleString("en-US")} x ${valueBytes} B`)
       const run = (side: "raw" | "lib", durability: Durability) => () => {
         const spec = { brokers, topic, records: n, valueBytes, partitions: sizes.partitions, durability }
         return side === "raw" ? rawThroughput(spec) : libraryThroughput(spec)
       }
-      const variants = await compare(rounds, [
+      const variants = await compare(throughputPlan, [
         { id: "raw1", label: "raw kafkajs sendBatch, acks 1", run: run("raw", "acks1") },
         { id: "lib1", label: "library sendAll, acks 1", run: run("lib", "acks1") },
         { id: "rawAll", label: "raw kafkajs sendBatch, acks all, idempotent", run: run("raw", "idempotent") },
@@ -164,8 +164,8 @@ export const producerThroughput = (
         title: `6. Producer throughput on a real broker: ${n.toLocaleString("en-US")} records x ${valueBytes} B, ` +
           `${sizes.partitions} partitions`,
         unit: "records/s",
-        warmup: rounds.warmup,
-        rounds: rounds.rounds,
+        warmup: throughputPlan.warmup,
+        rounds: throughputPlan.rounds,
         variants,
         checks: [
           ratioAtLeast(variants, "lib1", "raw1", 0.95),
