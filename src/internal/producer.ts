@@ -338,6 +338,17 @@ const closed = (record: ProducerRecord, detail: string) =>
     detail
   })
 
+/** The records of a batch; a batch that is one whole call (a `sendAll` written as it came) is the call's own copy. */
+const recordsOf = (batch: ReadonlyArray<Segment>): ReadonlyArray<ProducerRecord> => {
+  const first = batch[0]!
+  if (batch.length === 1 && first.from === 0 && first.to === first.group.records.length) return first.group.records
+  const records: Array<ProducerRecord> = []
+  for (const { from, group, to } of batch) {
+    for (let i = from; i < to; i++) records.push(group.records[i]!)
+  }
+  return records
+}
+
 /** Answers every record of `segments` with `answer`. */
 const settleAll = (segments: ReadonlyArray<Segment>, answer: (record: ProducerRecord) => Written) => {
   for (const { from, group, to } of segments) {
@@ -376,18 +387,8 @@ export const make = (
       }
     }
 
-    const writeBatch = (batch: ReadonlyArray<Segment>) => {
-      // A batch that is one whole call (a `sendAll` written as it came) is written as the call's own copy.
-      const whole = batch.length === 1 && batch[0]!.from === 0 && batch[0]!.to === batch[0]!.group.records.length
-      let records = batch[0]!.group.records
-      if (!whole) {
-        const gathered: Array<ProducerRecord> = []
-        for (const { from, group, to } of batch) {
-          for (let i = from; i < to; i++) gathered.push(group.records[i]!)
-        }
-        records = gathered
-      }
-      return transport.write(records).pipe(
+    const writeBatch = (batch: ReadonlyArray<Segment>) =>
+      transport.write(recordsOf(batch)).pipe(
         Effect.exit,
         Effect.map((exit) => {
           if (Exit.isSuccess(exit)) {
@@ -422,7 +423,6 @@ export const make = (
           }
         })
       )
-    }
 
     /** The oldest records of the buffer, up to `batchSize` bytes (at least one record). */
     const cut = (): Array<Segment> => {
