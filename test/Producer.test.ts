@@ -214,6 +214,33 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
       assert.strictEqual(second.offset, 0n)
     }))
 
+  it.scoped("a transport that leaves a record unanswered fails that record with Other; the others keep theirs", () =>
+    Effect.gen(function*() {
+      let calls = 0
+      const transport: internal.Transport = {
+        write: (batch) =>
+          Effect.sync(() => {
+            calls++
+            // The first batch's answers have a hole in the middle; the second's are one short; the third's are whole.
+            const out: Array<internal.Written> = new Array(calls === 2 ? batch.length - 1 : batch.length)
+            batch.forEach((r, i) => {
+              if ((calls === 1 && i === 1) || i >= out.length) return
+              out[i] = { topic: r.topic, partition: 0, offset: BigInt(i) }
+            })
+            return out
+          })
+      }
+      const producer = yield* producerOn({ linger: 0 }, transport)
+      const three = [{ topic: "t", value: "a" }, { topic: "t", value: "b" }, { topic: "t", value: "c" }]
+      for (const _ of [1, 2]) {
+        const error = yield* Effect.flip(producer.sendAll(three))
+        assert.strictEqual(error.reason, "Other")
+        assert.include(error.message, "no answer")
+      }
+      const next = yield* producer.sendAll([{ topic: "t", value: "d" }, { topic: "t", value: "e" }])
+      assert.deepStrictEqual(next, [{ topic: "t", partition: 0, offset: 0n }, { topic: "t", partition: 0, offset: 1n }])
+    }))
+
   it.scoped("a transport that dies fails its batch's records with Other, naming the defect", () =>
     Effect.gen(function*() {
       const transport: internal.Transport = { write: () => Effect.die(new Error("socket exploded")) }
@@ -248,6 +275,53 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
       const error = yield* Effect.flip(Fiber.join(pending))
       assert.strictEqual(error.reason, "Closed")
     }))
+})
+
+describe("the layout of a batch", () => {
+  const counts = new Map<string, number | ProduceFailed>([
+    ["a", 3],
+    ["b", 2],
+    ["gone", internal.unknownTopic("gone")]
+  ])
+  const record = fc.record({
+    topic: fc.constantFrom("a", "b", "gone"),
+    partition: fc.option(fc.integer({ min: 0, max: 3 }), { nil: undefined }),
+    key: fc.option(fc.string({ maxLength: 4 }), { nil: undefined })
+  }).map(({ key, partition, topic }): Producer.ProducerRecord => ({
+    topic,
+    value: "v",
+    ...(partition === undefined ? {} : { partition }),
+    ...(key === undefined ? {} : { key })
+  }))
+
+  it("gives each topic the places of its records that can be sent, in order, and answers the others", () => {
+    const layOut = internal.makePartitioner()
+    fc.assert(
+      fc.property(fc.array(record, { maxLength: 40 }), (batch) => {
+        const { out, partitionOf, topics } = layOut(batch, counts)
+        const sendable = (r: Producer.ProducerRecord) => {
+          const count = counts.get(r.topic)
+          return typeof count === "number" && (r.partition === undefined || r.partition < count)
+        }
+        const expected = new Map<string, Array<number>>()
+        batch.forEach((r, i) => {
+          if (sendable(r)) expected.set(r.topic, [...(expected.get(r.topic) ?? []), i])
+        })
+        assert.deepStrictEqual(topics.map((t) => [t.topic, [...t.indexes]]), [...expected])
+        batch.forEach((r, i) => {
+          if (sendable(r)) {
+            assert.isTrue(partitionOf[i]! >= 0 && partitionOf[i]! < (counts.get(r.topic) as number))
+            if (r.partition !== undefined) assert.strictEqual(partitionOf[i], r.partition)
+            assert.isUndefined(out[i])
+          } else {
+            assert.strictEqual(partitionOf[i], -1)
+            assert.isTrue(internal.isFailure(out[i]!))
+          }
+        })
+      }),
+      { numRuns: 500 }
+    )
+  })
 })
 
 describe("transactions: a client whose send failed starts over", () => {

@@ -147,17 +147,29 @@ const highestPartitions = (batch: ReadonlyArray<ProducerRecord>): Map<string, nu
   return highest
 }
 
-/** Per topic its messages in the order sent (so, per partition, its records in that order). */
+/**
+ * Per topic its messages in the order sent (so, per partition, its records in that order). A batch of one topic whose
+ * records kafkajs can all take as they are is its own messages (kafkajs only reads them).
+ */
 const messagesOf = (batch: ReadonlyArray<ProducerRecord>, { partitionOf, topics }: producer.Layout) => {
   const topicMessages: Array<TopicMessages> = new Array(topics.length)
   for (let t = 0; t < topics.length; t++) {
     const { indexes, topic } = topics[t]!
-    const messages: Array<Message> = new Array(indexes.length)
+    // Places that are all of the batch are 0 to n - 1, so a record's message goes at its own place.
+    const all = indexes.length === batch.length
+    let messages: Array<Message> | undefined
     for (let j = 0; j < indexes.length; j++) {
       const i = indexes[j]!
-      messages[j] = toMessage(batch[i]!, partitionOf[i]!)
+      const record = batch[i]!
+      const message = toMessage(record, partitionOf[i]!)
+      if (messages === undefined) {
+        if (all && (message as unknown) === record) continue
+        messages = new Array(indexes.length)
+        for (let k = 0; k < j; k++) messages[k] = batch[indexes[k]!] as unknown as Message
+      }
+      messages[j] = message
     }
-    topicMessages[t] = { topic, messages }
+    topicMessages[t] = { topic, messages: messages ?? (batch as unknown as Array<Message>) }
   }
   return topicMessages
 }
@@ -257,7 +269,7 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, clock: Clock.Cloc
       timeout: resolved.timeoutMillis,
       compression
     }
-    return Effect.async<ReadonlyArray<producer.Written>>((resume) => {
+    return Effect.async<Array<producer.Written>>((resume) => {
       send()(request).then(
         (answer) => resume(Effect.sync(() => answered(layout, answer, resolved.acks))),
         (error: unknown) => resume(Effect.sync(() => refused(layout, error)))
@@ -265,7 +277,7 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, clock: Clock.Cloc
     })
   }
 
-  const write = (batch: ReadonlyArray<ProducerRecord>): Effect.Effect<ReadonlyArray<producer.Written>> =>
+  const write = (batch: ReadonlyArray<ProducerRecord>): Effect.Effect<Array<producer.Written>> =>
     Effect.suspend(() => {
       const now = clock.unsafeCurrentTimeMillis()
       const known = new Map<string, number | ProduceFailed>()

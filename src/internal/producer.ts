@@ -106,8 +106,14 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, ConfigError
 /** What a write did for one record: where it was written, or why not. @internal */
 export type Written = RecordMetadata | ProduceFailed
 
-/** @internal */
-export const isFailure = (written: Written): written is ProduceFailed => written instanceof ProduceFailed
+/**
+ * A write's answer is a failure. By its tag: a `RecordMetadata` has none, and `instanceof` on a schema error class
+ * costs tens of nanoseconds, on every record of every answer.
+ *
+ * @internal
+ */
+export const isFailure = (written: Written): written is ProduceFailed =>
+  (written as { readonly _tag?: unknown })._tag === "ProduceFailed"
 
 const firstFailure = (results: ReadonlyArray<Written>): ProduceFailed | undefined => {
   for (let i = 0; i < results.length; i++) {
@@ -122,12 +128,13 @@ const allWritten = (results: ReadonlyArray<Written>): results is ReadonlyArray<R
 
 /**
  * Where batches go: `write` gets the records of one batch in the order they were sent and answers for each, in the
- * same order. It never fails as a whole: a refusal of the whole batch is the same `ProduceFailed` for each record.
+ * same order, in an array of its own that the producer then keeps (a call written whole gets it as its answers). It
+ * never fails as a whole: a refusal of the whole batch is the same `ProduceFailed` for each record.
  *
  * @internal
  */
 export interface Transport {
-  readonly write: (batch: ReadonlyArray<ProducerRecord>) => Effect.Effect<ReadonlyArray<Written>>
+  readonly write: (batch: ReadonlyArray<ProducerRecord>) => Effect.Effect<Array<Written>>
 }
 
 /** Per-record overhead in a record batch (length, attributes, deltas, varint lengths), as an estimate. */
@@ -176,8 +183,11 @@ export interface TopicRecords {
   readonly topic: string
   /** The topic's partition count. */
   readonly count: number
-  /** The places in the batch of the topic's records that can be sent, in batch order. */
-  readonly indexes: Array<number>
+  /**
+   * The places in the batch of the topic's records that can be sent, in batch order. When they are all of the batch
+   * this is an array shared between batches: it is only read.
+   */
+  readonly indexes: ReadonlyArray<number>
 }
 
 /**
@@ -194,8 +204,21 @@ export interface Layout {
 }
 
 interface TopicLayout extends TopicRecords {
+  indexes: Array<number>
+  /** In `topics`: a topic is listed once a record of it can be sent. */
+  listed: boolean
   /** The partition of this batch's records with neither partition nor key, once one needed it. */
   sticky: number
+}
+
+/** 0 to n - 1, the places of a whole batch: made again only when n changes (a batch of a `sendAll` is often as big as the last). */
+let identity: Array<number> = []
+const wholeBatch = (n: number): Array<number> => {
+  if (identity.length !== n) {
+    identity = new Array(n)
+    for (let i = 0; i < n; i++) identity[i] = i
+  }
+  return identity
 }
 
 /**
@@ -215,24 +238,37 @@ export const makePartitioner = () => {
     const byTopic = new Map<string, TopicLayout>()
     const topics: Array<TopicLayout> = []
     let last: TopicLayout | undefined
+    // Topics are listed in the order their first record that can be sent comes. While every record so far can be
+    // sent and is of the first topic, no places are written down: the first topic's places are the batch's, until a
+    // record is refused or of another topic.
+    let whole = true
+    const split = (at: number) => {
+      if (!whole) return
+      whole = false
+      if (topics.length > 0) {
+        const indexes = topics[0]!.indexes
+        for (let j = 0; j < at; j++) indexes.push(j)
+      }
+    }
     for (let i = 0; i < n; i++) {
       const record = batch[i]!
       let t = last !== undefined && last.topic === record.topic ? last : byTopic.get(record.topic)
       if (t === undefined) {
         const count = counts.get(record.topic)!
         if (typeof count !== "number") {
+          split(i)
           out[i] = count
           partitionOf[i] = -1
           continue
         }
-        t = { topic: record.topic, count, indexes: [], sticky: -1 }
+        t = { topic: record.topic, count, indexes: [], listed: false, sticky: -1 }
         byTopic.set(record.topic, t)
-        topics.push(t)
       }
       last = t
       let partition: number
       if (record.partition !== undefined) {
         if (record.partition >= t.count) {
+          split(i)
           out[i] = new ProduceFailed({
             reason: "UnknownPartition",
             topic: record.topic,
@@ -254,8 +290,14 @@ export const makePartitioner = () => {
         partition = t.sticky
       }
       partitionOf[i] = partition
-      t.indexes.push(i)
+      if (!t.listed) {
+        if (topics.length > 0) split(i)
+        t.listed = true
+        topics.push(t)
+      }
+      if (!whole) t.indexes.push(i)
     }
+    if (whole && topics.length > 0) topics[0]!.indexes = wholeBatch(n)
     return { out, partitionOf, topics }
   }
 }
@@ -286,30 +328,48 @@ export const unknownTopic = (topic: string) =>
  * record (which costs more than the rest of the producer's work on a record).
  */
 class Group {
-  readonly results: Array<Written>
-  /** Each record's size, as the batcher counts it. */
-  readonly sizes: Array<number>
+  /**
+   * Each record's answer, made at the first answer, or the writer's own answers when the group was written whole as
+   * one batch (no copy).
+   */
+  results: Array<Written> | undefined
   remaining: number
   /** Who waits for the answers: the caller, and any `flush` that came meanwhile. */
   waiting: Array<() => void> | undefined = undefined
   constructor(readonly records: ReadonlyArray<ProducerRecord>, readonly at: number) {
-    this.results = new Array(records.length)
-    this.sizes = new Array(records.length)
+    this.results = records.length === 0 ? [] : undefined
     this.remaining = records.length
   }
   settle(index: number, written: Written): void {
-    if (this.results[index] !== undefined) return
-    this.results[index] = written
-    if (--this.remaining === 0 && this.waiting !== undefined) {
-      for (const resume of this.waiting) resume()
-      this.waiting = undefined
+    const results = this.results ??= new Array(this.records.length)
+    if (results[index] !== undefined) return
+    results[index] = written
+    if (--this.remaining === 0) this.done()
+  }
+  /**
+   * Takes a writer's answers to the whole group, written as one batch in order, as the group's own, when none of its
+   * records has an answer yet and every one has one there; false (nothing taken) otherwise.
+   */
+  settleWhole(results: Array<Written>): boolean {
+    if (this.results !== undefined || results.length !== this.records.length) return false
+    for (let i = 0; i < results.length; i++) {
+      if (results[i] === undefined) return false
     }
+    this.results = results
+    this.remaining = 0
+    this.done()
+    return true
+  }
+  private done(): void {
+    if (this.waiting === undefined) return
+    for (const resume of this.waiting) resume()
+    this.waiting = undefined
   }
   /** Waits until every record of the group has its answer. */
   get await(): Effect.Effect<ReadonlyArray<Written>> {
     return Effect.async<ReadonlyArray<Written>>((resume) => {
-      if (this.remaining === 0) return resume(Effect.succeed(this.results))
-      const waiter = () => resume(Effect.succeed(this.results))
+      if (this.remaining === 0) return resume(Effect.succeed(this.results!))
+      const waiter = () => resume(Effect.succeed(this.results!))
       ;(this.waiting ??= []).push(waiter)
       return Effect.sync(() => {
         if (this.waiting !== undefined) this.waiting = this.waiting.filter((w) => w !== waiter)
@@ -391,7 +451,10 @@ export const make = (
       transport.write(recordsOf(batch)).pipe(
         Effect.exit,
         Effect.map((exit) => {
-          if (Exit.isSuccess(exit)) {
+          const whole = batch.length === 1 && batch[0]!.from === 0 && batch[0]!.to === batch[0]!.group.records.length
+          if (Exit.isSuccess(exit) && whole && batch[0]!.group.settleWhole(exit.value)) {
+            // A call written as one batch: its answers are the writer's, as they are.
+          } else if (Exit.isSuccess(exit)) {
             const results = exit.value
             let k = 0
             for (const { from, group, to } of batch) {
@@ -440,8 +503,12 @@ export const make = (
         const { from, group, to } = segment
         let end = from
         let head = 0
-        while (end < to && (bytes + head === 0 || bytes + head + group.sizes[end]! <= settings.batchSize)) {
-          head += group.sizes[end]!
+        // The records' sizes are counted again here, where a call's records are split between batches (rare: a
+        // group keeps no array of sizes for it).
+        while (end < to) {
+          const size = sizeOf(group.records[end]!)
+          if (bytes + head > 0 && bytes + head + size > settings.batchSize) break
+          head += size
           end++
         }
         if (end > from) batch.push({ group, from, to: end, bytes: head })
@@ -473,7 +540,10 @@ export const make = (
             continue
           }
         }
-        if (buffer.length > 0 && !closing && flushes === 0 && bufferBytes < settings.batchSize) {
+        if (
+          settings.lingerMillis > 0 && buffer.length > 0 && !closing && flushes === 0 &&
+          bufferBytes < settings.batchSize
+        ) {
           const now = yield* Clock.currentTimeMillis
           const remaining = buffer[0]!.group.at + settings.lingerMillis - now
           if (remaining > 0) {
@@ -523,7 +593,6 @@ export const make = (
       for (let index = 0; index < records.length; index++) {
         const record = records[index]!
         const size = sizeOf(record)
-        group.sizes[index] = size
         const refused = closing
           ? closed(record, "the producer is shut down")
           : refuse(record, size, settings.maxRequestSize)
@@ -559,7 +628,7 @@ export const make = (
       Effect.contextWithEffect((context: Context.Context<never>) => {
         const observability = Context.getOption(context, Observability)
         if (Option.isNone(observability)) return Effect.flatMap(submit([record]).await, answerOne)
-        return telemetry.send(observability.value, clock, [record], submit, answerOne)
+        return telemetry.send(observability.value, clock, [record], submit, answerOne, sizeOf)
       })
 
     // The records are copied into an array of the producer's own: the caller may reuse its array once the call is made.
@@ -568,7 +637,7 @@ export const make = (
         const own = Array.isArray(records) ? records.slice() : Array.from(records)
         const observability = Context.getOption(context, Observability)
         if (Option.isNone(observability)) return Effect.flatMap(submit(own).await, answerAll)
-        return telemetry.send(observability.value, clock, own, submit, answerAll)
+        return telemetry.send(observability.value, clock, own, submit, answerAll, sizeOf)
       })
 
     const flush: Effect.Effect<void> = Effect.suspend(() => {
@@ -611,7 +680,8 @@ export const make = (
  * @internal
  */
 export interface TxnSession {
-  readonly write: (batch: ReadonlyArray<ProducerRecord>) => Effect.Effect<ReadonlyArray<Written>>
+  /** As `Transport.write`. */
+  readonly write: (batch: ReadonlyArray<ProducerRecord>) => Effect.Effect<Array<Written>>
   /** Commits these positions for the group, with the transaction: they land if it commits, and only then. */
   readonly sendOffsets: (
     groupId: string,

@@ -404,7 +404,9 @@ const topicLabels = (topic: string): LabelSet => {
 }
 
 type Written = RecordMetadata | ProduceFailed
-const isProduceFailure = (written: Written): written is ProduceFailed => written instanceof ProduceFailed
+/** As the producer's own test: by the tag (a `RecordMetadata` has none). */
+const isProduceFailure = (written: Written): written is ProduceFailed =>
+  (written as { readonly _tag?: unknown })._tag === "ProduceFailed"
 
 /**
  * A send with observability: records and bytes written, failures and the call's duration counted, a span around it
@@ -414,11 +416,10 @@ export const send = <A>(
   settings: Settings,
   clock: Clock.Clock,
   records: ReadonlyArray<ProducerRecord>,
-  submit: (records: ReadonlyArray<ProducerRecord>) => {
-    readonly await: Effect.Effect<ReadonlyArray<Written>>
-    readonly sizes: ReadonlyArray<number>
-  },
-  answer: (results: ReadonlyArray<Written>) => Effect.Effect<A, ProduceFailed>
+  submit: (records: ReadonlyArray<ProducerRecord>) => { readonly await: Effect.Effect<ReadonlyArray<Written>> },
+  answer: (results: ReadonlyArray<Written>) => Effect.Effect<A, ProduceFailed>,
+  /** A record's bytes, as the producer counts them. */
+  sizeOf: (record: ProducerRecord) => number
 ): Effect.Effect<A, ProduceFailed> => {
   const topic = records[0]?.topic ?? ""
   const measured = (sent: ReadonlyArray<ProducerRecord>) =>
@@ -436,7 +437,7 @@ export const send = <A>(
               metrics.producerErrors.unsafeUpdate(1, set.failed(written.reason))
             } else {
               metrics.sentMessages.unsafeUpdate(1, set.labels)
-              metrics.sentBytes.unsafeUpdate(group.sizes[i] ?? 0, set.labels)
+              metrics.sentBytes.unsafeUpdate(sizeOf(sent[i]!), set.labels)
             }
           }
           const set = topicLabels(topic)
