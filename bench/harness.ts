@@ -168,6 +168,21 @@ export const pairedRatioInfo = (
   return { name: `${numerator}/${denominator} per round`, value, target: "(reported)", hit: true }
 }
 
+/**
+ * A target on the median of the round-by-round ratios of two variants. Where a machine's speed drifts from round to
+ * round by more than the gap a target asks about, the ratio of two runs made one right after the other (in alternating
+ * order) is the steadier figure: the drift is common to both runs of a round.
+ */
+export const pairedRatioAtLeast = (
+  variants: ReadonlyArray<VariantResult>,
+  numerator: string,
+  denominator: string,
+  min: number
+): Check => {
+  const { value } = pairedRatioInfo(variants, numerator, denominator)
+  return { name: `${numerator}/${denominator} per round`, value, target: `>= ${min}`, hit: value >= min }
+}
+
 export const formatNumber = (value: number): string => {
   if (!Number.isFinite(value)) return String(value)
   if (Math.abs(value) >= 1000) return Math.round(value).toLocaleString("en-US")
