@@ -100,6 +100,14 @@ const fakeTransport = () => {
   }
 }
 
+/** A transport whose answers to each batch `answer` gives, told the write's number (1 for the first). */
+const answering = (
+  answer: (call: number, batch: ReadonlyArray<Producer.ProducerRecord>) => Array<internal.Written>
+): internal.Transport => {
+  let calls = 0
+  return { write: (batch) => Effect.sync(() => answer(++calls, batch)) }
+}
+
 const producerOn = (settings: Producer.Settings, transport: internal.Transport) =>
   Effect.flatMap(internal.resolve(settings), (resolved) => internal.make(resolved, transport))
 
@@ -194,18 +202,13 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
 
   it.scoped("a batch the transport refuses fails each of its records; the next batch goes on", () =>
     Effect.gen(function*() {
-      let calls = 0
-      const transport: internal.Transport = {
-        write: (batch) =>
-          Effect.sync(() => {
-            calls++
-            return batch.map((r, i): internal.Written =>
-              calls === 1
-                ? new ProduceFailed({ reason: "NotEnoughReplicas", topic: r.topic, partition: 0 })
-                : { topic: r.topic, partition: 0, offset: BigInt(i) }
-            )
-          })
-      }
+      const transport = answering((call, batch) =>
+        batch.map((r, i): internal.Written =>
+          call === 1
+            ? new ProduceFailed({ reason: "NotEnoughReplicas", topic: r.topic, partition: 0 })
+            : { topic: r.topic, partition: 0, offset: BigInt(i) }
+        )
+      )
       const producer = yield* producerOn({ linger: 0 }, transport)
       const first = yield* Effect.flip(producer.sendAll([{ topic: "t", value: "a" }, { topic: "t", value: "b" }]))
       assert.strictEqual(first.reason, "NotEnoughReplicas")
@@ -216,20 +219,15 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
 
   it.scoped("a transport that leaves a record unanswered fails that record with Other; the others keep theirs", () =>
     Effect.gen(function*() {
-      let calls = 0
-      const transport: internal.Transport = {
-        write: (batch) =>
-          Effect.sync(() => {
-            calls++
-            // The first batch's answers have a hole in the middle; the second's are one short; the third's are whole.
-            const out: Array<internal.Written> = new Array(calls === 2 ? batch.length - 1 : batch.length)
-            batch.forEach((r, i) => {
-              if ((calls === 1 && i === 1) || i >= out.length) return
-              out[i] = { topic: r.topic, partition: 0, offset: BigInt(i) }
-            })
-            return out
-          })
-      }
+      // The first batch's answers have a hole in the middle; the second's are one short; the third's are whole.
+      const transport = answering((call, batch) => {
+        const out: Array<internal.Written> = new Array(call === 2 ? batch.length - 1 : batch.length)
+        batch.forEach((r, i) => {
+          if ((call === 1 && i === 1) || i >= out.length) return
+          out[i] = { topic: r.topic, partition: 0, offset: BigInt(i) }
+        })
+        return out
+      })
       const producer = yield* producerOn({ linger: 0 }, transport)
       const three = [{ topic: "t", value: "a" }, { topic: "t", value: "b" }, { topic: "t", value: "c" }]
       for (const _ of [1, 2]) {
