@@ -24,6 +24,7 @@ import { positiveDuration } from "./config.js"
 import { partitionOfKey } from "./murmur2.js"
 import * as telemetry from "./telemetry.js"
 import { utf8Encode, utf8Length } from "./utf8.js"
+import { isFailure, type Written } from "./written.js"
 
 /**
  * Settings checked and defaulted. `acks` is the protocol's number (`-1` for all).
@@ -103,17 +104,7 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, ConfigError
     }
   })
 
-/** What a write did for one record: where it was written, or why not. @internal */
-export type Written = RecordMetadata | ProduceFailed
-
-/**
- * A write's answer is a failure. By its tag: a `RecordMetadata` has none, and `instanceof` on a schema error class
- * costs tens of nanoseconds, on every record of every answer.
- *
- * @internal
- */
-export const isFailure = (written: Written): written is ProduceFailed =>
-  (written as { readonly _tag?: unknown })._tag === "ProduceFailed"
+export { isFailure, type Written } from "./written.js"
 
 const firstFailure = (results: ReadonlyArray<Written>): ProduceFailed | undefined => {
   for (let i = 0; i < results.length; i++) {
@@ -183,10 +174,7 @@ export interface TopicRecords {
   readonly topic: string
   /** The topic's partition count. */
   readonly count: number
-  /**
-   * The places in the batch of the topic's records that can be sent, in batch order. When they are all of the batch
-   * this is an array shared between batches: it is only read.
-   */
+  /** The places in the batch of the topic's records that can be sent, in batch order. */
   readonly indexes: ReadonlyArray<number>
 }
 
@@ -211,16 +199,6 @@ interface TopicLayout extends TopicRecords {
   sticky: number
 }
 
-/** 0 to n - 1, the places of a whole batch: made again only when n changes (a batch of a `sendAll` is often as big as the last). */
-let identity: Array<number> = []
-const wholeBatch = (n: number): Array<number> => {
-  if (identity.length !== n) {
-    identity = new Array(n)
-    for (let i = 0; i < n; i++) identity[i] = i
-  }
-  return identity
-}
-
 /**
  * Lays out batches: each record's partition is its own, its key's (murmur2, as the Java client) or, for a record with
  * neither, the partition of its topic for this batch (sticky: one per batch, the next one for the next batch).
@@ -238,25 +216,13 @@ export const makePartitioner = () => {
     const byTopic = new Map<string, TopicLayout>()
     const topics: Array<TopicLayout> = []
     let last: TopicLayout | undefined
-    // Topics are listed in the order their first record that can be sent comes. While every record so far can be
-    // sent and is of the first topic, no places are written down: the first topic's places are the batch's, until a
-    // record is refused or of another topic.
-    let whole = true
-    const split = (at: number) => {
-      if (!whole) return
-      whole = false
-      if (topics.length > 0) {
-        const indexes = topics[0]!.indexes
-        for (let j = 0; j < at; j++) indexes.push(j)
-      }
-    }
+    // Topics are listed in the order their first record that can be sent comes.
     for (let i = 0; i < n; i++) {
       const record = batch[i]!
       let t = last !== undefined && last.topic === record.topic ? last : byTopic.get(record.topic)
       if (t === undefined) {
         const count = counts.get(record.topic)!
         if (typeof count !== "number") {
-          split(i)
           out[i] = count
           partitionOf[i] = -1
           continue
@@ -268,7 +234,6 @@ export const makePartitioner = () => {
       let partition: number
       if (record.partition !== undefined) {
         if (record.partition >= t.count) {
-          split(i)
           out[i] = new ProduceFailed({
             reason: "UnknownPartition",
             topic: record.topic,
@@ -291,13 +256,11 @@ export const makePartitioner = () => {
       }
       partitionOf[i] = partition
       if (!t.listed) {
-        if (topics.length > 0) split(i)
         t.listed = true
         topics.push(t)
       }
-      if (!whole) t.indexes.push(i)
+      t.indexes.push(i)
     }
-    if (whole && topics.length > 0) topics[0]!.indexes = wholeBatch(n)
     return { out, partitionOf, topics }
   }
 }
@@ -398,10 +361,16 @@ const closed = (record: ProducerRecord, detail: string) =>
     detail
   })
 
-/** The records of a batch; a batch that is one whole call (a `sendAll` written as it came) is the call's own copy. */
-const recordsOf = (batch: ReadonlyArray<Segment>): ReadonlyArray<ProducerRecord> => {
+/** The group of a batch that is one whole call (a `sendAll` written as it came), if it is one. */
+const wholeCall = (batch: ReadonlyArray<Segment>): Group | undefined => {
   const first = batch[0]!
-  if (batch.length === 1 && first.from === 0 && first.to === first.group.records.length) return first.group.records
+  return batch.length === 1 && first.from === 0 && first.to === first.group.records.length ? first.group : undefined
+}
+
+/** The records of a batch; a batch that is one whole call is the call's own copy. */
+const recordsOf = (batch: ReadonlyArray<Segment>): ReadonlyArray<ProducerRecord> => {
+  const whole = wholeCall(batch)
+  if (whole !== undefined) return whole.records
   const records: Array<ProducerRecord> = []
   for (const { from, group, to } of batch) {
     for (let i = from; i < to; i++) records.push(group.records[i]!)
@@ -451,8 +420,7 @@ export const make = (
       transport.write(recordsOf(batch)).pipe(
         Effect.exit,
         Effect.map((exit) => {
-          const whole = batch.length === 1 && batch[0]!.from === 0 && batch[0]!.to === batch[0]!.group.records.length
-          if (Exit.isSuccess(exit) && whole && batch[0]!.group.settleWhole(exit.value)) {
+          if (Exit.isSuccess(exit) && wholeCall(batch)?.settleWhole(exit.value) === true) {
             // A call written as one batch: its answers are the writer's, as they are.
           } else if (Exit.isSuccess(exit)) {
             const results = exit.value

@@ -20,9 +20,10 @@ import { CommitFailed, ProduceFailed, TransactionFailed } from "../KafkaError.js
 import type * as OffsetBatch from "../OffsetBatch.js"
 import { metrics, type Observability } from "../Observability.js"
 import { Fenced } from "../OffsetStore.js"
-import type { ProducerRecord, RecordMetadata } from "../Producer.js"
+import type { ProducerRecord } from "../Producer.js"
 import * as TopicPartition from "../TopicPartition.js"
 import { HandlerFailure } from "./route.js"
+import { isFailure, type Written } from "./written.js"
 
 type Settings = Context.Tag.Service<typeof Observability>
 type Labels = ReadonlyArray<MetricLabel.MetricLabel>
@@ -403,10 +404,7 @@ const topicLabels = (topic: string): LabelSet => {
   return found
 }
 
-type Written = RecordMetadata | ProduceFailed
-/** As the producer's own test: by the tag (a `RecordMetadata` has none). */
-const isProduceFailure = (written: Written): written is ProduceFailed =>
-  (written as { readonly _tag?: unknown })._tag === "ProduceFailed"
+
 
 /**
  * A send with observability: records and bytes written, failures and the call's duration counted, a span around it
@@ -432,7 +430,7 @@ export const send = <A>(
           for (let i = 0; i < results.length; i++) {
             const written = results[i]!
             const set = topicLabels(sent[i]!.topic)
-            if (isProduceFailure(written)) {
+            if (isFailure(written)) {
               failure ??= written.reason
               metrics.producerErrors.unsafeUpdate(1, set.failed(written.reason))
             } else {
