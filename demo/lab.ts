@@ -227,7 +227,7 @@ export const tallyAll = (tally: Tally, records: Chunk.Chunk<ConsumerRecord>) =>
 export const policyLayer = (name: Exclude<PolicyName, "transactional" | "kafkaTransactional">, commitEvery: number) => {
   switch (name) {
     case "atMostOnce":
-      return CommitPolicy.atMostOnce
+      return CommitPolicy.atMostOnce()
     case "autoCommit":
       return CommitPolicy.autoCommit({ interval: "20 millis" })
     case "commitAfter":

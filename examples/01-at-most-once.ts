@@ -28,7 +28,7 @@ const program = Effect.gen(function*() {
     })).pipe(
       // The consumer never ends by itself: stop it once every record was handled.
       Effect.raceFirst(Deferred.await(allHandled)),
-      Effect.provide(CommitPolicy.atMostOnce)
+      Effect.provide(CommitPolicy.atMostOnce())
     )
   yield* Console.log(`at-most-once on ${topics.where}: ${handled} records handled, each position committed first`)
 })

@@ -40,7 +40,7 @@ const program = Effect.gen(function*() {
     Effect.gen(function*() {
       for (const r of records) seen.add(ConsumerRecord.valueString(r) ?? "")
       if (seen.size === 80) yield* Deferred.succeed(all, undefined)
-    })).pipe(Effect.raceFirst(Deferred.await(all)), Effect.provide(CommitPolicy.atMostOnce))
+    })).pipe(Effect.raceFirst(Deferred.await(all)), Effect.provide(CommitPolicy.atMostOnce()))
   yield* Console.log(`producer on ${topics.where}: ${seen.size} records read back`)
 })
 

@@ -52,7 +52,7 @@ const program = Effect.gen(function*() {
         invoiced.set(key, (invoiced.get(key) ?? 0) + 1)
       }
       if (invoiced.size === 40) yield* Deferred.succeed(readerDone, undefined)
-    })).pipe(Effect.raceFirst(Deferred.await(readerDone)), Effect.provide(CommitPolicy.atMostOnce))
+    })).pipe(Effect.raceFirst(Deferred.await(readerDone)), Effect.provide(CommitPolicy.atMostOnce()))
   const once = [...invoiced.values()].every((n) => n === 1)
   yield* Console.log(`pipeline on ${topics.where}: ${invoiced.size} invoices, ${once ? "each order once" : "REPEATS"}`)
 })

@@ -24,7 +24,7 @@ import type { CrashPoint } from "./Faults.js"
 import * as internal from "./internal/commitPolicy.js"
 import * as config from "./internal/config.js"
 import type { CommitFailed, DriverError, TransactionFailed } from "./KafkaError.js"
-import type { ConfigError } from "./KafkaError.js"
+import type { InvalidConfig } from "./KafkaError.js"
 import type { Fenced, OffsetStore, OffsetStoreError, Transaction } from "./OffsetStore.js"
 import type { Producer, TransactionalProducers } from "./Producer.js"
 import type { TopicPartition } from "./TopicPartition.js"
@@ -206,10 +206,14 @@ export class CommitPolicy extends Context.Tag("effect-kafka-delivery/CommitPolic
  * Under `key` or `unordered` ordering the chunk stays the unit: its position is committed before any of its records
  * is handled, then its records are handled side by side as the ordering allows.
  *
- * @since 0.1.0
+ * A function, as every other policy is (it takes no options yet).
+ *
+ * @since 0.2.0
  * @category layers
  */
-export const atMostOnce: Layer.Layer<CommitPolicy> = Layer.succeed(CommitPolicy, {
+export const atMostOnce = (): Layer.Layer<CommitPolicy> => atMostOnceLayer
+
+const atMostOnceLayer: Layer.Layer<CommitPolicy> = Layer.succeed(CommitPolicy, {
   name: "atMostOnce",
   make: internal.atMostOnce
 })
@@ -234,7 +238,7 @@ export interface AutoCommitOptions {
  * @since 0.1.0
  * @category layers
  */
-export const autoCommit = (options: AutoCommitOptions): Layer.Layer<CommitPolicy, ConfigError> =>
+export const autoCommit = (options: AutoCommitOptions): Layer.Layer<CommitPolicy, InvalidConfig> =>
   Layer.effect(
     CommitPolicy,
     Effect.map(config.positiveDuration("autoCommit.interval", options.interval), (interval) => ({
@@ -274,7 +278,7 @@ export interface CommitAfterOptions {
  * @since 0.1.0
  * @category layers
  */
-export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPolicy, ConfigError> =>
+export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPolicy, InvalidConfig> =>
   Layer.effect(
     CommitPolicy,
     Effect.gen(function*() {

@@ -26,7 +26,7 @@ import * as runloop from "./internal/runloop.js"
 import {
   type CircuitOpen,
   type CommitFailed,
-  ConfigError,
+  InvalidConfig,
   DecodeFailed,
   type DriverError,
   type HandlerFailed,
@@ -160,7 +160,7 @@ export type Failures<C extends Config, E> = [RouteOf<C>] extends [FailureRoute.S
  * @category errors
  */
 export type ConsumerError =
-  | ConfigError
+  | InvalidConfig
   | DriverError
   | CommitFailed
   | Fenced
@@ -189,21 +189,21 @@ const duration = (field: string, input: Duration.DurationInput | undefined, fall
 const positiveInt = (field: string, input: number | undefined, fallback: number) =>
   input === undefined ? Effect.succeed(fallback) : config_.positiveInt(field, input)
 
-const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =>
+const resolve = (config: Config): Effect.Effect<runloop.Resolved, InvalidConfig> =>
   Effect.gen(function*() {
     if (typeof config.groupId !== "string" || config.groupId.trim().length === 0) {
-      return yield* new ConfigError({ field: "groupId", reason: "must be a non-empty string" })
+      return yield* new InvalidConfig({ field: "groupId", reason: "must be a non-empty string" })
     }
     if ((config.topics === undefined) === (config.partitions === undefined)) {
-      return yield* new ConfigError({ field: "topics", reason: "give either topics or partitions, not both or none" })
+      return yield* new InvalidConfig({ field: "topics", reason: "give either topics or partitions, not both or none" })
     }
     if (config.topics !== undefined) {
       if (config.topics.length === 0) {
-        return yield* new ConfigError({ field: "topics", reason: "must name at least one topic" })
+        return yield* new InvalidConfig({ field: "topics", reason: "must name at least one topic" })
       }
       const bad = config.topics.find((t) => typeof t !== "string" || !/^[a-zA-Z0-9._-]{1,249}$/.test(t))
       if (bad !== undefined) {
-        return yield* new ConfigError({
+        return yield* new InvalidConfig({
           field: "topics",
           reason: `"${bad}" is not a valid topic name (1-249 of a-z A-Z 0-9 . _ -)`
         })
@@ -211,13 +211,13 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
     }
     if (config.partitions !== undefined) {
       if (config.partitions.length === 0) {
-        return yield* new ConfigError({ field: "partitions", reason: "must name at least one partition" })
+        return yield* new InvalidConfig({ field: "partitions", reason: "must name at least one partition" })
       }
       const bad = config.partitions.find((tp) =>
         typeof tp.topic !== "string" || tp.topic.length === 0 || !Number.isInteger(tp.partition) || tp.partition < 0
       )
       if (bad !== undefined) {
-        return yield* new ConfigError({
+        return yield* new InvalidConfig({
           field: "partitions",
           reason: `${JSON.stringify(bad)} is not a topic and a non-negative partition number`
         })
@@ -226,7 +226,7 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
     const maxPollRecords = yield* positiveInt("maxPollRecords", config.maxPollRecords, 500)
     const bufferSize = yield* positiveInt("bufferSize", config.bufferSize, 2 * maxPollRecords)
     if (bufferSize < maxPollRecords) {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "bufferSize",
         reason: `must be at least maxPollRecords (${maxPollRecords}), got ${bufferSize}`
       })
@@ -236,7 +236,7 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
     const rebalanceTimeout = yield* duration("rebalanceTimeout", config.rebalanceTimeout, Duration.seconds(60))
     const revokeTimeout = yield* duration("revokeTimeout", config.revokeTimeout, Duration.seconds(30))
     if (Duration.greaterThanOrEqualTo(revokeTimeout, rebalanceTimeout)) {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "revokeTimeout",
         reason: "must be shorter than rebalanceTimeout, so that the final commit lands before the group moves on"
       })
@@ -244,24 +244,24 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, ConfigError> =
     const reconnectTimeout = yield* duration("reconnectTimeout", config.reconnectTimeout, Duration.minutes(2))
     const offsetReset = config.offsetReset ?? "earliest"
     if (offsetReset !== "earliest" && offsetReset !== "latest" && offsetReset !== "none") {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "offsetReset",
         reason: `must be "earliest", "latest" or "none", got ${JSON.stringify(offsetReset)}`
       })
     }
     const isolationLevel = config.isolationLevel ?? "read_committed"
     if (isolationLevel !== "read_committed" && isolationLevel !== "read_uncommitted") {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "isolationLevel",
         reason: `must be "read_committed" or "read_uncommitted", got ${JSON.stringify(isolationLevel)}`
       })
     }
     if (config.rejoin !== undefined && typeof config.rejoin !== "boolean") {
-      return yield* new ConfigError({ field: "rejoin", reason: `must be true or false, got ${String(config.rejoin)}` })
+      return yield* new InvalidConfig({ field: "rejoin", reason: `must be true or false, got ${String(config.rejoin)}` })
     }
     const ordering = config.ordering ?? "partition"
     if (ordering !== "partition" && ordering !== "key" && ordering !== "unordered") {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "ordering",
         reason: `must be "partition", "key" or "unordered", got ${JSON.stringify(ordering)}`
       })
@@ -303,11 +303,11 @@ const retryTopicsOf = (topics: ReadonlyArray<string>, route: RouteSettings | und
 
 const validTopic = /^[a-zA-Z0-9._-]{1,249}$/
 
-const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, ConfigError> => {
+const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, InvalidConfig> => {
   const route = config.onFailure
   if (route === undefined || route._tag === "Stop") return Effect.succeed(undefined)
   if (route._tag !== "DeadLetter" && route._tag !== "RetryTopics") {
-    return new ConfigError({
+    return new InvalidConfig({
       field: "onFailure",
       reason: "must be FailureRoute.stop, FailureRoute.deadLetter({ topic }) or FailureRoute.retryTopics(delays, ...)"
     })
@@ -315,14 +315,14 @@ const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, Confi
   const field = route._tag === "DeadLetter" ? "onFailure.topic" : "onFailure.deadLetter"
   const topic = route._tag === "DeadLetter" ? route.topic : route.deadLetter
   if (typeof topic !== "string" || !validTopic.test(topic)) {
-    return new ConfigError({
+    return new InvalidConfig({
       field,
       reason: `"${String(topic)}" is not a valid topic name (1-249 of a-z A-Z 0-9 . _ -)`
     })
   }
   const subscribed = config.topics ?? (config.partitions ?? []).map((tp) => tp.topic)
   if (subscribed.includes(topic)) {
-    return new ConfigError({
+    return new InvalidConfig({
       field,
       reason: `"${topic}" is a topic the consumer reads: its dead letters would come back to it`
     })
@@ -330,20 +330,20 @@ const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, Confi
   const delays = route._tag === "RetryTopics" ? route.delays : []
   if (route._tag === "RetryTopics") {
     if (config.topics === undefined) {
-      return new ConfigError({
+      return new InvalidConfig({
         field: "onFailure",
         reason: "retry topics are read through the group's subscription: give topics, not partitions"
       })
     }
     if (delays.length === 0 || delays.some((d) => !Number.isFinite(d) || d < 0)) {
-      return new ConfigError({
+      return new InvalidConfig({
         field: "onFailure.delays",
         reason: `must be one or more finite, non-negative durations, got ${JSON.stringify(delays)}`
       })
     }
     const tooLong = config.topics.find((t) => !validTopic.test(FailureRoute.retryTopic(t, delays.length - 1)))
     if (tooLong !== undefined) {
-      return new ConfigError({
+      return new InvalidConfig({
         field: "onFailure",
         reason: `the retry topics of "${tooLong}" would not be valid topic names (at most 249 characters)`
       })
@@ -356,12 +356,12 @@ const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, Confi
 }
 
 /**
- * Checks a configuration before anything connects; each invalid value fails with a `ConfigError` naming its field.
+ * Checks a configuration before anything connects; each invalid value fails with a `InvalidConfig` naming its field.
  *
  * @since 0.1.0
  * @category constructors
  */
-export const validate = (config: Config): Effect.Effect<void, ConfigError> => Effect.asVoid(resolve(config))
+export const validate = (config: Config): Effect.Effect<void, InvalidConfig> => Effect.asVoid(resolve(config))
 
 /**
  * A handler of a chunk of records of one partition, in offset order.
@@ -508,14 +508,14 @@ export const partitions = (
 ): Stream.Stream<PartitionStream, ConsumerError | HandlerFailed<never>, Driver | CommitPolicy> =>
   Stream.unwrapScoped(Effect.gen(function*() {
     if (config.ordering !== undefined && config.ordering !== "partition") {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "ordering",
         reason: `a partition stream is read in offset order; ordering ${JSON.stringify(config.ordering)} applies to ` +
           "run and runEach"
       })
     }
     if (config.onFailure !== undefined && config.onFailure._tag !== "Stop") {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "onFailure",
         reason: "a partition stream has no handler that fails: route failed records in run and runEach"
       })

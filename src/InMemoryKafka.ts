@@ -36,7 +36,7 @@ import { MemoryRecord } from "./internal/record.js"
 import {
   CommitFailed,
   type CommitFailureReason,
-  ConfigError,
+  InvalidConfig,
   DriverError,
   ProduceFailed,
   TransactionFailed
@@ -105,7 +105,7 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
     topic: string,
     partitions: number,
     options?: TopicOptions
-  ) => Effect.Effect<void, ConfigError>
+  ) => Effect.Effect<void, InvalidConfig>
   readonly produce: (
     topic: string,
     records: ReadonlyArray<ProducerRecord>
@@ -667,10 +667,10 @@ const makeBroker = (options: Options) =>
       createTopic: (topic, partitions, topicOptions) =>
         Effect.suspend(() => {
           if (topic.length === 0) {
-            return new ConfigError({ field: "topic", reason: "must be a non-empty string" })
+            return new InvalidConfig({ field: "topic", reason: "must be a non-empty string" })
           }
           if (!Number.isInteger(partitions) || partitions < 1) {
-            return new ConfigError({ field: "partitions", reason: `must be a positive integer, got ${partitions}` })
+            return new InvalidConfig({ field: "partitions", reason: `must be a positive integer, got ${partitions}` })
           }
           if (!topics.has(topic)) {
             topics.set(topic, memoryLog.makeTopic(topic, partitions, topicOptions?.compacted === true))
@@ -857,7 +857,7 @@ export const createTopic = (
   topic: string,
   partitions: number,
   options?: TopicOptions
-): Effect.Effect<void, ConfigError, InMemoryKafka> =>
+): Effect.Effect<void, InvalidConfig, InMemoryKafka> =>
   Effect.flatMap(InMemoryKafka, (kafka) => kafka.createTopic(topic, partitions, options))
 
 /**
@@ -950,7 +950,7 @@ const makeWrite = (
  * @since 0.1.0
  * @category layers
  */
-export const layerProducer = (settings: ProducerSettings = {}): Layer.Layer<Producer, ConfigError, InMemoryKafka> =>
+export const layerProducer = (settings: ProducerSettings = {}): Layer.Layer<Producer, InvalidConfig, InMemoryKafka> =>
   Layer.scoped(
     Producer,
     Effect.gen(function*() {
@@ -974,7 +974,7 @@ export const layerProducer = (settings: ProducerSettings = {}): Layer.Layer<Prod
  */
 export const layerTransactionalProducers = (
   settings: Omit<TransactionalSettings, "transactionalId"> = {}
-): Layer.Layer<TransactionalProducers, ConfigError, InMemoryKafka> =>
+): Layer.Layer<TransactionalProducers, InvalidConfig, InMemoryKafka> =>
   Layer.effect(
     TransactionalProducers,
     Effect.gen(function*() {
@@ -997,7 +997,7 @@ export const layerTransactionalProducers = (
  */
 export const layerTransactionalProducer = (
   settings: TransactionalSettings
-): Layer.Layer<TransactionalProducer, ConfigError | TransactionFailed, InMemoryKafka> =>
+): Layer.Layer<TransactionalProducer, InvalidConfig | TransactionFailed, InMemoryKafka> =>
   Layer.scoped(
     TransactionalProducer,
     Effect.gen(function*() {

@@ -18,7 +18,7 @@ const describe = (partitions: ReadonlyArray<{ readonly topic: string; readonly p
  * @since 0.1.0
  * @category errors
  */
-export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError", {
+export class InvalidConfig extends Schema.TaggedError<InvalidConfig>()("InvalidConfig", {
   field: Schema.String,
   reason: Schema.String
 }) {

@@ -15,7 +15,7 @@ import * as Schedule from "effect/Schedule"
 import { Partitioners } from "kafkajs"
 import type { Message } from "kafkajs"
 import { Driver } from "./Driver.js"
-import type { ConfigError, TransactionFailed } from "./KafkaError.js"
+import type { InvalidConfig, TransactionFailed } from "./KafkaError.js"
 import { DriverError } from "./KafkaError.js"
 import * as internal from "./internal/kafkajs.js"
 import * as kafkajsProducer from "./internal/kafkajsProducer.js"
@@ -140,7 +140,7 @@ export type ProduceRecord = Omit<ProducerRecord, "topic">
 
 /**
  * The `Driver` on kafkajs. The configuration is checked first: a malformed broker address or setting fails with a
- * `ConfigError` naming the field, before anything connects.
+ * `InvalidConfig` naming the field, before anything connects.
  *
  * What kafkajs allows this adapter to guarantee:
  *
@@ -212,7 +212,7 @@ export type ProduceRecord = Omit<ProducerRecord, "topic">
  * @since 0.1.0
  * @category layers
  */
-export const layer = (config: Config): Layer.Layer<Driver, ConfigError> =>
+export const layer = (config: Config): Layer.Layer<Driver, InvalidConfig> =>
   Layer.effect(
     Driver,
     Effect.gen(function*() {
@@ -247,7 +247,7 @@ export const layer = (config: Config): Layer.Layer<Driver, ConfigError> =>
 export interface ProducerConfig extends ConnectionConfig, ProducerSettings {}
 
 /**
- * The `Producer` on kafkajs. Settings are checked first (`ConfigError` naming the setting, before anything
+ * The `Producer` on kafkajs. Settings are checked first (`InvalidConfig` naming the setting, before anything
  * connects); then a kafkajs producer and admin client connect (`DriverError` when the cluster cannot be reached).
  *
  * - Records from every fiber are batched as `Producer` says and sent with one kafkajs `sendBatch` per batch, which
@@ -264,7 +264,7 @@ export interface ProducerConfig extends ConnectionConfig, ProducerSettings {}
  * @since 0.1.0
  * @category layers
  */
-export const layerProducer = (config: ProducerConfig): Layer.Layer<Producer, ConfigError | DriverError> =>
+export const layerProducer = (config: ProducerConfig): Layer.Layer<Producer, InvalidConfig | DriverError> =>
   Layer.scoped(
     Producer,
     Effect.gen(function*() {
@@ -296,7 +296,7 @@ export interface TransactionalProducerConfig extends ConnectionConfig, Transacti
  */
 export const layerTransactionalProducers = (
   config: Omit<TransactionalProducerConfig, "transactionalId">
-): Layer.Layer<TransactionalProducers, ConfigError | DriverError> =>
+): Layer.Layer<TransactionalProducers, InvalidConfig | DriverError> =>
   Layer.scoped(
     TransactionalProducers,
     Effect.gen(function*() {
@@ -327,7 +327,7 @@ export const layerTransactionalProducers = (
  */
 export const layerTransactionalProducer = (
   config: TransactionalProducerConfig
-): Layer.Layer<TransactionalProducer, ConfigError | DriverError | TransactionFailed> =>
+): Layer.Layer<TransactionalProducer, InvalidConfig | DriverError | TransactionFailed> =>
   Layer.scoped(
     TransactionalProducer,
     Effect.gen(function*() {
@@ -347,7 +347,7 @@ export const layerTransactionalProducer = (
  */
 export const parseBrokers = (
   brokers: string | ReadonlyArray<string>
-): Effect.Effect<ReadonlyArray<string>, ConfigError> => internal.parseBrokers(brokers)
+): Effect.Effect<ReadonlyArray<string>, InvalidConfig> => internal.parseBrokers(brokers)
 
 const adminClient = (brokers: string | ReadonlyArray<string>, clientId: string) =>
   Effect.gen(function*() {
@@ -368,7 +368,7 @@ export const createTopic = (
   brokers: string | ReadonlyArray<string>,
   topic: string,
   partitions: number
-): Effect.Effect<void, ConfigError | DriverError> =>
+): Effect.Effect<void, InvalidConfig | DriverError> =>
   Effect.gen(function*() {
     if (topic.length === 0) return yield* new DriverError({ operation: "createTopic", reason: "empty topic name" })
     if (!Number.isInteger(partitions) || partitions < 1) {
@@ -444,7 +444,7 @@ export const produce = (
   brokers: string | ReadonlyArray<string>,
   topic: string,
   records: Iterable<ProduceRecord>
-): Effect.Effect<void, ConfigError | DriverError> =>
+): Effect.Effect<void, InvalidConfig | DriverError> =>
   Effect.gen(function*() {
     const messages = Array.from(records, toMessage)
     if (messages.length === 0) return
@@ -477,7 +477,7 @@ export const produce = (
 export const endOffsets = (
   brokers: string | ReadonlyArray<string>,
   topic: string
-): Effect.Effect<ReadonlyMap<number, bigint>, ConfigError | DriverError> =>
+): Effect.Effect<ReadonlyMap<number, bigint>, InvalidConfig | DriverError> =>
   Effect.gen(function*() {
     const client = yield* adminClient(brokers, "effect-kafka-admin")
     const admin = client.admin()

@@ -34,7 +34,7 @@ import * as MetricBoundaries from "effect/MetricBoundaries"
 import * as PubSub from "effect/PubSub"
 import * as Stream from "effect/Stream"
 import * as config from "./internal/config.js"
-import type { ConfigError } from "./KafkaError.js"
+import type { InvalidConfig } from "./KafkaError.js"
 
 /**
  * @since 0.1.0
@@ -106,13 +106,13 @@ export class Observability extends Context.Tag("effect-kafka-delivery/Observabil
 }>() {}
 
 /**
- * Turns observability on for the consumers and producers that run with it. Bad options fail with a `ConfigError`
+ * Turns observability on for the consumers and producers that run with it. Bad options fail with a `InvalidConfig`
  * naming the option.
  *
  * @since 0.1.0
  * @category layers
  */
-export const layer = (options: Options = {}): Layer.Layer<Observability, ConfigError> =>
+export const layer = (options: Options = {}): Layer.Layer<Observability, InvalidConfig> =>
   Layer.scoped(
     Observability,
     Effect.gen(function*() {

@@ -12,7 +12,7 @@ import * as Schema from "effect/Schema"
 import * as fileStore from "./internal/fileOffsetStore.js"
 import * as memoryStore from "./internal/memoryOffsetStore.js"
 import { OutsideUnit, outsideUnitReason, UnitBuffer } from "./internal/unitBuffer.js"
-import type { ConfigError } from "./KafkaError.js"
+import type { InvalidConfig } from "./KafkaError.js"
 import type { TopicPartition } from "./TopicPartition.js"
 
 /**
@@ -275,5 +275,5 @@ export const layerMemory: Layer.Layer<OffsetStore | Results> = Layer.effectConte
  */
 export const layerFileSystem = (
   directory: string
-): Layer.Layer<OffsetStore | Results, ConfigError | OffsetStoreError, FileSystem.FileSystem> =>
+): Layer.Layer<OffsetStore | Results, InvalidConfig | OffsetStoreError, FileSystem.FileSystem> =>
   Layer.effectContext(Effect.suspend(() => fileStore.make(directory)))

@@ -22,7 +22,7 @@ import type * as Scope from "effect/Scope"
 import postgres from "postgres"
 import * as Progress from "./internal/progress.js"
 import { OutsideUnit, outsideUnitReason } from "./internal/unitBuffer.js"
-import { ConfigError } from "./KafkaError.js"
+import { InvalidConfig } from "./KafkaError.js"
 import type { Claim, CommitUnit } from "./OffsetStore.js"
 import { Fenced, OffsetStore, OffsetStoreError, Transaction } from "./OffsetStore.js"
 import * as TopicPartition from "./TopicPartition.js"
@@ -237,7 +237,7 @@ interface Client {
 const quote = (identifier: string): string => `"${identifier}"`
 
 const notAnIdentifier = (field: string, value: string) =>
-  new ConfigError({
+  new InvalidConfig({
     field,
     reason: `${JSON.stringify(value)} is not a plain SQL identifier (letters, digits and _, not starting with a ` +
       "digit, at most 63 characters)"
@@ -343,26 +343,26 @@ const targetOf = (sql: postgres.Sql): string => {
   return `${host.map((h, i) => `${h}:${port[i] ?? port[0] ?? 5432}`).join(",")}/${database}`
 }
 
-const connect = (options: Options): Effect.Effect<Client, ConfigError | OffsetStoreError, Scope.Scope> =>
+const connect = (options: Options): Effect.Effect<Client, InvalidConfig | OffsetStoreError, Scope.Scope> =>
   Effect.gen(function*() {
     const table = yield* validateIdentifiers(options)
     if (options.sql !== undefined) {
       return { sql: options.sql, table, target: targetOf(options.sql) }
     }
     if (options.url === undefined) {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "url",
         reason: "give a connection URL (or a postgres client as sql); PgOffsetStore.layerConfig reads DATABASE_URL"
       })
     }
     const url = Redacted.isRedacted(options.url) ? Redacted.value(options.url) : options.url
     if (url.trim() === "") {
-      return yield* new ConfigError({ field: "url", reason: "the connection URL is empty" })
+      return yield* new InvalidConfig({ field: "url", reason: "the connection URL is empty" })
     }
     const sql = yield* Effect.acquireRelease(
       Effect.try({
         try: () => postgres(url, { onnotice: () => {}, connect_timeout: 10 }),
-        catch: (cause) => new ConfigError({ field: "url", reason: `not a Postgres connection URL: ${describe(cause)}` })
+        catch: (cause) => new InvalidConfig({ field: "url", reason: `not a Postgres connection URL: ${describe(cause)}` })
       }),
       (sql) =>
         Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.ignore, Effect.timeoutOption("10 seconds"))
@@ -421,7 +421,7 @@ const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<
  * @since 0.1.0
  * @category migrations
  */
-export const migrate = (options: Options): Effect.Effect<void, ConfigError | OffsetStoreError> =>
+export const migrate = (options: Options): Effect.Effect<void, InvalidConfig | OffsetStoreError> =>
   Effect.scoped(Effect.flatMap(connect(options), (client) => ensureTable(client, options.schema)))
 
 const transactionOf = (operation: string): Effect.Effect<PgTransaction, OffsetStoreError, Transaction> =>
@@ -492,18 +492,18 @@ export const query = <A>(
 
 const make = (
   options: Options
-): Effect.Effect<Context.Tag.Service<OffsetStore>, ConfigError | OffsetStoreError, Scope.Scope> =>
+): Effect.Effect<Context.Tag.Service<OffsetStore>, InvalidConfig | OffsetStoreError, Scope.Scope> =>
   Effect.gen(function*() {
     const isolationLevel = options.isolationLevel ?? "read committed"
     if (!ISOLATION_LEVELS.includes(isolationLevel)) {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "isolationLevel",
         reason: `${JSON.stringify(isolationLevel)} is not one of ${ISOLATION_LEVELS.map((l) => `"${l}"`).join(", ")}`
       })
     }
     const retryFor = Duration.decodeUnknown(options.retryFor ?? "60 seconds")
     if (retryFor._tag === "None") {
-      return yield* new ConfigError({ field: "retryFor", reason: "is not a duration, such as \"60 seconds\"" })
+      return yield* new InvalidConfig({ field: "retryFor", reason: "is not a duration, such as \"60 seconds\"" })
     }
     const schedule = Schedule.upTo(options.retry ?? defaultRetry, retryFor.value)
     const client = yield* connect(options)
@@ -891,7 +891,7 @@ const make = (
 
 /**
  * The Postgres offset store. Options are checked before anything connects (a bad `table` or `schema` fails with a
- * `ConfigError` naming it); the layer then checks that the server answers, and creates or upgrades the table when
+ * `InvalidConfig` naming it); the layer then checks that the server answers, and creates or upgrades the table when
  * `migrate: true`.
  *
  * Each unit runs in a transaction begun with an explicit isolation level, `read committed` unless `isolationLevel`
@@ -910,7 +910,7 @@ const make = (
  * @since 0.1.0
  * @category layers
  */
-export const layer = (options: Options): Layer.Layer<OffsetStore, ConfigError | OffsetStoreError> =>
+export const layer = (options: Options): Layer.Layer<OffsetStore, InvalidConfig | OffsetStoreError> =>
   Layer.scoped(OffsetStore, make(options))
 
 /**
@@ -921,11 +921,11 @@ export const layer = (options: Options): Layer.Layer<OffsetStore, ConfigError | 
  */
 export const layerConfig = (
   options: Omit<Options, "url" | "sql"> = {}
-): Layer.Layer<OffsetStore, ConfigError | OffsetStoreError> =>
+): Layer.Layer<OffsetStore, InvalidConfig | OffsetStoreError> =>
   Layer.unwrapEffect(
     Config.redacted("DATABASE_URL").pipe(
       Effect.mapError((error) =>
-        new ConfigError({
+        new InvalidConfig({
           field: "DATABASE_URL",
           reason: `${
             EffectConfigError.isMissingDataOnly(error) ? "is not set" : "cannot be read"

@@ -70,7 +70,7 @@ export type Acks = 0 | 1 | "all"
 
 /**
  * Producer settings shared by both layers. Durations accept anything `Duration.decode` does (a number is
- * milliseconds). Invalid settings and invalid combinations fail with a `ConfigError` naming the setting, before
+ * milliseconds). Invalid settings and invalid combinations fail with a `InvalidConfig` naming the setting, before
  * anything connects.
  *
  * @since 0.1.0

@@ -138,7 +138,7 @@ describe("refused commits", () => {
       yield* kafka.refuseCommits("g", "Unauthorized", 100)
       let handled = 0
       const exit = yield* Consumer.run(config, (records) => Effect.sync(() => (handled += Chunk.size(records)))).pipe(
-        Effect.provide(CommitPolicy.atMostOnce),
+        Effect.provide(CommitPolicy.atMostOnce()),
         Effect.exit
       )
       const error = failureOf(exit)
@@ -160,7 +160,7 @@ describe("refused commits", () => {
           const last = Chunk.unsafeLast(records).offset
           if (position <= last) violations.push(`${last}: committed ${position}`)
           handled += Chunk.size(records)
-        })).pipe(Effect.provide(CommitPolicy.atMostOnce), Effect.fork)
+        })).pipe(Effect.provide(CommitPolicy.atMostOnce()), Effect.fork)
       yield* advanceUntil("handled", Effect.sync(() => handled === 10), 20)
       assert.deepStrictEqual(violations, [])
       yield* Fiber.interrupt(fiber)
@@ -173,7 +173,7 @@ describe("refused commits", () => {
       const fiber = yield* Consumer.run(config, (records) =>
         Effect.sync(() => {
           for (const r of records) handledPartitions.add(r.partition)
-        })).pipe(Effect.provide(CommitPolicy.atMostOnce), Effect.fork)
+        })).pipe(Effect.provide(CommitPolicy.atMostOnce()), Effect.fork)
       yield* advanceUntil("partition 0 handled", Effect.sync(() => handledPartitions.has(0)), 5)
       yield* Effect.repeatN(Effect.yieldNow(), 1_000)
       assert.deepStrictEqual([...handledPartitions], [0])

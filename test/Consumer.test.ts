@@ -12,7 +12,7 @@ import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { ConfigError, HandlerFailed } from "../src/KafkaError.js"
+import { InvalidConfig, HandlerFailed } from "../src/KafkaError.js"
 import { settled } from "./support/kit.js"
 
 const produce = (topic: string, partitions: number, perPartition: number) =>
@@ -92,7 +92,7 @@ describe("Consumer", () => {
           const last = Chunk.unsafeLast(records).offset
           if (position < last + 1n) violations.push(`${tp.partition}@${last}: committed ${position}`)
           handled += Chunk.size(records)
-        })).pipe(Effect.provide(CommitPolicy.atMostOnce), Effect.fork)
+        })).pipe(Effect.provide(CommitPolicy.atMostOnce()), Effect.fork)
       yield* settled("all handled", Effect.sync(() => handled === 100))
       yield* Fiber.interrupt(fiber)
       assert.deepStrictEqual(violations, [])
@@ -343,9 +343,9 @@ describe("Consumer configuration", () => {
           Effect.provide(InMemoryKafka.layer()),
           Effect.flip
         )
-        assert.instanceOf(error, ConfigError)
-        assert.strictEqual((error as ConfigError).field, field)
-        assert.include((error as ConfigError).message, field)
+        assert.instanceOf(error, InvalidConfig)
+        assert.strictEqual((error as InvalidConfig).field, field)
+        assert.include((error as InvalidConfig).message, field)
       }))
   }
 
@@ -358,7 +358,7 @@ describe("Consumer configuration", () => {
       ] as const
       for (const [field, layer] of cases) {
         const error = yield* Layer.build(layer).pipe(Effect.scoped, Effect.flip)
-        assert.instanceOf(error, ConfigError)
+        assert.instanceOf(error, InvalidConfig)
         assert.strictEqual(error.field, field)
       }
     }))

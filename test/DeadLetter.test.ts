@@ -20,7 +20,7 @@ import * as FailureRoute from "../src/FailureRoute.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import {
   CircuitOpen,
-  ConfigError,
+  InvalidConfig,
   DecodeFailed,
   EncodeFailed,
   HandlerFailed,
@@ -370,7 +370,7 @@ describe("the dead-letter route", () => {
               calls.set(record.value.id, (calls.get(record.value.id) ?? 0) + 1)
               return record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void
             }))
-        ).pipe(Effect.provide(CommitPolicy.atMostOnce))
+        ).pipe(Effect.provide(CommitPolicy.atMostOnce()))
       )
       const letters = yield* readTopic(dlq, 1, { atLeast: poisonOffsets.length }).pipe(Effect.map(([r]) => r!))
       // The records that decode: all but 3, 11 and 29.
@@ -420,7 +420,7 @@ describe("the dead-letter route", () => {
             Chunk.some(records, (r) => valueString(r) === "bad")
               ? Effect.fail(new Refused({ id: 0 }))
               : Effect.sync(() => handled.push(...Chunk.map(records, (r) => r.offset)))
-        ).pipe(Effect.provide(CommitPolicy.atMostOnce))
+        ).pipe(Effect.provide(CommitPolicy.atMostOnce()))
       )
       const letters = (yield* readTopic(dlq, 1, { atLeast: 40 }))[0]!
       yield* Fiber.interrupt(fiber)
@@ -484,7 +484,7 @@ describe("the dead-letter route", () => {
       assert.strictEqual(again[0]!.length, poisonOffsets.length, "a dead letter written twice")
     }).pipe(Effect.provide(env)))
 
-  it.effect("a bad route is a ConfigError naming it; a partition stream takes no route", () =>
+  it.effect("a bad route is a InvalidConfig naming it; a partition stream takes no route", () =>
     Effect.gen(function*() {
       const refused = (config: Consumer.Config) =>
         Effect.flip(Consumer.validate(config))
@@ -498,7 +498,7 @@ describe("the dead-letter route", () => {
         onFailure: FailureRoute.deadLetter({ topic: dlq, maxInARow: 0 })
       })
       assert.strictEqual(badCircuit.field, "onFailure.maxInARow")
-      assert.instanceOf(badCircuit, ConfigError)
+      assert.instanceOf(badCircuit, InvalidConfig)
     }))
 })
 

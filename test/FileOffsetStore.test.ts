@@ -9,7 +9,7 @@ import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as NFS from "node:fs"
 import { compactEvery } from "../src/internal/fileOffsetStore.js"
-import { ConfigError } from "../src/KafkaError.js"
+import { InvalidConfig } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 import { refusal } from "./offsetStoreSuite.js"
@@ -644,8 +644,8 @@ describe("OffsetStore.layerFileSystem", () => {
     Effect.gen(function*() {
       for (const directory of ["", "   "]) {
         const error = yield* open(directory).pipe(Effect.flip)
-        assert.instanceOf(error, ConfigError)
-        assert.strictEqual(error._tag === "ConfigError" ? error.field : undefined, "directory")
+        assert.instanceOf(error, InvalidConfig)
+        assert.strictEqual(error._tag === "InvalidConfig" ? error.field : undefined, "directory")
       }
     }).pipe(Effect.provide(FileSystem.layerNoop({}))))
 

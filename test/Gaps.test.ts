@@ -21,7 +21,7 @@ import * as OffsetStore from "../src/OffsetStore.js"
 import { advanceUntil, inMemoryWrapping, logCollector, settled } from "./support/kit.js"
 
 const policies = {
-  atMostOnce: CommitPolicy.atMostOnce,
+  atMostOnce: CommitPolicy.atMostOnce(),
   autoCommit: CommitPolicy.autoCommit({ interval: "1 second" }),
   commitAfter: CommitPolicy.commitAfter({ maxBatch: 7, maxInterval: "1 second" }),
   transactional: CommitPolicy.transactional()

@@ -5,7 +5,7 @@ import * as Layer from "effect/Layer"
 import * as TestClock from "effect/TestClock"
 import { Driver, type DriverEvent } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { ConfigError } from "../src/KafkaError.js"
+import { InvalidConfig } from "../src/KafkaError.js"
 import * as OffsetBatch from "../src/OffsetBatch.js"
 import { driverSuite, DriverTestKit } from "./driverSuite.js"
 
@@ -129,7 +129,7 @@ describe("InMemoryKafka on the TestClock", () => {
       const kafka = yield* InMemoryKafka.InMemoryKafka
       const e1 = yield* Effect.flip(kafka.createTopic("", 1))
       const e2 = yield* Effect.flip(kafka.createTopic("t", 0))
-      assert.instanceOf(e1, ConfigError)
+      assert.instanceOf(e1, InvalidConfig)
       assert.strictEqual(e1.field, "topic")
       assert.strictEqual(e2.field, "partitions")
       const e3 = yield* Effect.flip(kafka.produce("nope", [{ value: "x" }]))

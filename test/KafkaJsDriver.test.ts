@@ -21,7 +21,7 @@ import {
 import { inject } from "vitest"
 import { Driver } from "../src/Driver.js"
 import * as KafkaJs from "../src/KafkaJs.js"
-import { ConfigError, DriverError } from "../src/KafkaError.js"
+import { InvalidConfig, DriverError } from "../src/KafkaError.js"
 import { toPlain } from "../src/ConsumerRecord.js"
 import { commitFailed, isRetriable, toConsumerRecord } from "../src/internal/kafkajs.js"
 import { ResponseTap } from "../src/internal/kafkajsWire.js"
@@ -148,7 +148,7 @@ describe("KafkaJs.layer configuration", () => {
   it.effect("rejects an empty broker list, naming the field", () =>
     Effect.gen(function*() {
       const error = yield* configError({ brokers: [] })
-      assert.instanceOf(error, ConfigError)
+      assert.instanceOf(error, InvalidConfig)
       assert.strictEqual(error.field, "brokers")
     }))
 
@@ -182,7 +182,7 @@ describe("KafkaJs.layer configuration", () => {
       const { layer, lines } = captureLogs()
       const config: KafkaJs.Config = { brokers: ["h:1"], sasl: { ...sasl, username: "" }, logLevel: "debug" }
       const error = yield* configError(config).pipe(Effect.provide(layer))
-      assert.instanceOf(error, ConfigError)
+      assert.instanceOf(error, InvalidConfig)
       assert.strictEqual(error.field, "sasl.username")
       for (const text of [error.message, String(error), inspect(error, { depth: 10 }), JSON.stringify(error)]) {
         assert.notInclude(text, SECRET)

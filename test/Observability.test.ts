@@ -17,7 +17,7 @@ import * as Consumer from "../src/Consumer.js"
 import * as FailureRoute from "../src/FailureRoute.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { ConfigError } from "../src/KafkaError.js"
+import { InvalidConfig } from "../src/KafkaError.js"
 import * as Observability from "../src/Observability.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as Producer from "../src/Producer.js"
@@ -535,9 +535,9 @@ describe("trace context: traceparent headers", () => {
 })
 
 describe("Observability in the types", () => {
-  it.effect("the layer needs nothing and fails with a ConfigError naming a bad option; the consumer does not need it", () =>
+  it.effect("the layer needs nothing and fails with a InvalidConfig naming a bad option; the consumer does not need it", () =>
     Effect.gen(function*() {
-      expectTypeOf(Observability.layer()).toEqualTypeOf<Layer.Layer<Observability.Observability, ConfigError>>()
+      expectTypeOf(Observability.layer()).toEqualTypeOf<Layer.Layer<Observability.Observability, InvalidConfig>>()
       const run = Consumer.run({ groupId: "g", topics: ["t"] }, () => Effect.void)
       type Needs = Effect.Effect.Context<typeof run>
       expectTypeOf<Extract<Needs, Observability.Observability>>().toEqualTypeOf<never>()
@@ -547,7 +547,7 @@ describe("Observability in the types", () => {
       // @ts-expect-error lagInterval is a duration
       Observability.layer({ lagInterval: true })
       const error = yield* Effect.flip(Layer.build(Observability.layer({ lagInterval: "-1 seconds" })))
-      assert.instanceOf(error, ConfigError)
+      assert.instanceOf(error, InvalidConfig)
       assert.strictEqual(error.field, "Observability.lagInterval")
     }).pipe(Effect.scoped))
 })

@@ -16,7 +16,7 @@ import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { lanes } from "../src/internal/ordering.js"
 import * as Permits from "../src/internal/permits.js"
 import { decode as decodeFinished } from "../src/internal/progress.js"
-import { ConfigError, HandlerFailed } from "../src/KafkaError.js"
+import { InvalidConfig, HandlerFailed } from "../src/KafkaError.js"
 import { settled } from "./support/kit.js"
 
 const withKafka = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.provide(effect, InMemoryKafka.layer())
@@ -204,7 +204,7 @@ describe("ordering: settings", () => {
         // @ts-expect-error: not an ordering
         Consumer.validate({ groupId: "g", topics: ["t"], ordering: "random" })
       )
-      assert.instanceOf(ordering, ConfigError)
+      assert.instanceOf(ordering, InvalidConfig)
       assert.strictEqual(ordering.field, "ordering")
       for (const concurrency of [0, -1, 1.5]) {
         const error = yield* Effect.flip(Consumer.validate({ groupId: "g", topics: ["t"], concurrency }))
@@ -220,7 +220,7 @@ describe("ordering: settings", () => {
         Effect.provide(commitAfter),
         Effect.flip
       )
-      assert.isTrue(error instanceof ConfigError && error.field === "ordering", String(error))
+      assert.isTrue(error instanceof InvalidConfig && error.field === "ordering", String(error))
     })))
 
   it("ordering is one of three names", () => {

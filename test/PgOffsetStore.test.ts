@@ -12,7 +12,7 @@ import * as Schedule from "effect/Schedule"
 import * as net from "node:net"
 import postgres from "postgres"
 import { OutsideUnit } from "../src/internal/unitBuffer.js"
-import { ConfigError } from "../src/KafkaError.js"
+import { InvalidConfig } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as TopicPartition from "../src/TopicPartition.js"
@@ -277,26 +277,26 @@ describe("PgOffsetStore", () => {
       const badTable = yield* Effect.flip(
         commitWith(PgOffsetStore.layer({ url: unreachable, table: "offsets; drop table x" }))
       )
-      assert.instanceOf(badTable, ConfigError)
-      assert.strictEqual(badTable instanceof ConfigError ? badTable.field : undefined, "table")
+      assert.instanceOf(badTable, InvalidConfig)
+      assert.strictEqual(badTable instanceof InvalidConfig ? badTable.field : undefined, "table")
       assert.include(badTable.message, "\"table\"")
 
       const badSchema = yield* Effect.flip(commitWith(PgOffsetStore.layer({ url: unreachable, schema: "public\"x" })))
-      assert.instanceOf(badSchema, ConfigError)
-      assert.strictEqual(badSchema instanceof ConfigError ? badSchema.field : undefined, "schema")
+      assert.instanceOf(badSchema, InvalidConfig)
+      assert.strictEqual(badSchema instanceof InvalidConfig ? badSchema.field : undefined, "schema")
 
       const badMigrate = yield* PgOffsetStore.migrate({ url: unreachable, table: "1offsets" }).pipe(Effect.flip)
-      assert.instanceOf(badMigrate, ConfigError)
+      assert.instanceOf(badMigrate, InvalidConfig)
 
       const noUrl = yield* commitWith(PgOffsetStore.layer({})).pipe(Effect.flip)
-      assert.instanceOf(noUrl, ConfigError)
-      assert.strictEqual(noUrl instanceof ConfigError ? noUrl.field : undefined, "url")
+      assert.instanceOf(noUrl, InvalidConfig)
+      assert.strictEqual(noUrl instanceof InvalidConfig ? noUrl.field : undefined, "url")
 
       const level = "chaos" as PgOffsetStore.IsolationLevel
       const badLevel = yield* commitWith(PgOffsetStore.layer({ url: unreachable, isolationLevel: level })).pipe(
         Effect.flip
       )
-      assert.strictEqual(badLevel instanceof ConfigError ? badLevel.field : undefined, "isolationLevel")
+      assert.strictEqual(badLevel instanceof InvalidConfig ? badLevel.field : undefined, "isolationLevel")
     }))
 
   it.live("says how to start Postgres when nothing answers", () =>
@@ -333,8 +333,8 @@ describe("PgOffsetStore", () => {
         Effect.withConfigProvider(ConfigProvider.fromMap(new Map())),
         Effect.flip
       )
-      assert.instanceOf(missing, ConfigError)
-      assert.strictEqual(missing instanceof ConfigError ? missing.field : undefined, "DATABASE_URL")
+      assert.instanceOf(missing, InvalidConfig)
+      assert.strictEqual(missing instanceof InvalidConfig ? missing.field : undefined, "DATABASE_URL")
     }))
 
   it.live("creates the table in a schema of its own, idempotently, and stores positions there", () =>

@@ -66,7 +66,7 @@ const underTest = (policy: PolicyName): Effect.Effect<UnderTest, unknown, Scope.
   Effect.gen(function*() {
     switch (policy) {
       case "atMostOnce":
-        return { policy, layer: CommitPolicy.atMostOnce, positions: committed }
+        return { policy, layer: CommitPolicy.atMostOnce(), positions: committed }
       case "autoCommit":
         return { policy, layer: CommitPolicy.autoCommit({ interval: "200 millis" }), positions: committed }
       case "commitAfter":

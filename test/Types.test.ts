@@ -21,7 +21,7 @@ import * as Consumer from "../src/Consumer.js"
 import type { Driver } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as KafkaJs from "../src/KafkaJs.js"
-import { type ConfigError, type DriverError as KafkaDriverError, HandlerFailed, ProduceFailed } from "../src/KafkaError.js"
+import { type InvalidConfig, type DriverError as KafkaDriverError, HandlerFailed, ProduceFailed } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as Producer from "../src/Producer.js"
@@ -106,7 +106,7 @@ describe("a handler that writes through the store's transaction", () => {
       Effect.provide(InMemoryKafka.layer())
     )
     expectTypeOf<Effect.Effect.Context<typeof underCommitAfter>>().toEqualTypeOf<OffsetStore.Transaction>()
-    const underAtMostOnce = writingSql.pipe(Effect.provide(CommitPolicy.atMostOnce), Effect.provide(InMemoryKafka.layer()))
+    const underAtMostOnce = writingSql.pipe(Effect.provide(CommitPolicy.atMostOnce()), Effect.provide(InMemoryKafka.layer()))
     expectTypeOf<Effect.Effect.Context<typeof underAtMostOnce>>().toEqualTypeOf<OffsetStore.Transaction>()
     // Running it does not compile.
     // @ts-expect-error Transaction is not provided
@@ -134,7 +134,7 @@ describe("a handler that writes through the store's transaction", () => {
 
 describe("public signatures", () => {
   it("validate says what it checks, not how the consumer keeps it", () => {
-    expectTypeOf(Consumer.validate).returns.toEqualTypeOf<Effect.Effect<void, ConfigError>>()
+    expectTypeOf(Consumer.validate).returns.toEqualTypeOf<Effect.Effect<void, InvalidConfig>>()
   })
 
   it("the declarations of the public modules name no internal type", async () => {
@@ -189,10 +189,10 @@ describe("the producer's signatures", () => {
 
   it("the layers say what they need and how they can fail", () => {
     expectTypeOf(InMemoryKafka.layerProducer()).toEqualTypeOf<
-      Layer.Layer<Producer.Producer, ConfigError, InMemoryKafka.InMemoryKafka>
+      Layer.Layer<Producer.Producer, InvalidConfig, InMemoryKafka.InMemoryKafka>
     >()
     expectTypeOf(KafkaJs.layerProducer({ brokers: ["localhost:9092"] })).toEqualTypeOf<
-      Layer.Layer<Producer.Producer, ConfigError | KafkaDriverError, never>
+      Layer.Layer<Producer.Producer, InvalidConfig | KafkaDriverError, never>
     >()
   })
 

@@ -16,7 +16,7 @@ import * as Scope from "effect/Scope"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import { keyString, valueString } from "../src/ConsumerRecord.js"
 import { Driver, type IsolationLevel } from "../src/Driver.js"
-import { ConfigError, type DriverError, ProduceFailed, TransactionFailed } from "../src/KafkaError.js"
+import { InvalidConfig, type DriverError, ProduceFailed, TransactionFailed } from "../src/KafkaError.js"
 import * as Producer from "../src/Producer.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 
@@ -112,10 +112,10 @@ const javaHashes: ReadonlyArray<readonly [string, number]> = [
 
 export const producerSuite = <R>(
   name: string,
-  producerLayer: (settings: Producer.Settings) => Layer.Layer<Producer.Producer, ConfigError | DriverError, R>,
+  producerLayer: (settings: Producer.Settings) => Layer.Layer<Producer.Producer, InvalidConfig | DriverError, R>,
   transactionalLayer: (
     settings: Producer.TransactionalSettings
-  ) => Layer.Layer<Producer.TransactionalProducer, ConfigError | DriverError | TransactionFailed, R>,
+  ) => Layer.Layer<Producer.TransactionalProducer, InvalidConfig | DriverError | TransactionFailed, R>,
   environment: () => Layer.Layer<Driver | ProducerTestKit | R, unknown>,
   options: ProducerSuiteOptions = {}
 ) => {
@@ -480,8 +480,8 @@ export const producerSuite = <R>(
     it.live("a transactional id that is blank is refused before connecting", () =>
       Effect.gen(function*() {
         const error = yield* Effect.flip(Effect.scoped(Layer.build(transactionalLayer({ transactionalId: " " }))))
-        assert.instanceOf(error, ConfigError)
-        assert.strictEqual((error as ConfigError).field, "transactionalId")
+        assert.instanceOf(error, InvalidConfig)
+        assert.strictEqual((error as InvalidConfig).field, "transactionalId")
       }).pipe(Effect.provide(environment())), timeout)
   })
 
@@ -492,17 +492,17 @@ export const producerSuite = <R>(
     it.live("idempotence without acks all is refused before connecting, naming acks", () =>
       Effect.gen(function*() {
         const error = yield* refused({ acks: 1 })
-        assert.instanceOf(error, ConfigError)
-        assert.strictEqual((error as ConfigError).field, "acks")
+        assert.instanceOf(error, InvalidConfig)
+        assert.strictEqual((error as InvalidConfig).field, "acks")
         assert.include(error.message, "idempotent")
         const zero = yield* refused({ acks: 0, idempotent: true })
-        assert.strictEqual((zero as ConfigError).field, "acks")
+        assert.strictEqual((zero as InvalidConfig).field, "acks")
       }), timeout)
 
     it.live("idempotence with more than one batch in flight is refused, naming maxInFlightRequests", () =>
       Effect.gen(function*() {
         const error = yield* refused({ maxInFlightRequests: 5 })
-        assert.strictEqual((error as ConfigError).field, "maxInFlightRequests")
+        assert.strictEqual((error as InvalidConfig).field, "maxInFlightRequests")
       }), timeout)
 
     it.live("malformed values are refused, naming the setting", () =>
@@ -518,8 +518,8 @@ export const producerSuite = <R>(
         ]
         for (const [settings, field] of cases) {
           const error = yield* refused(settings)
-          assert.instanceOf(error, ConfigError, field)
-          assert.strictEqual((error as ConfigError).field, field)
+          assert.instanceOf(error, InvalidConfig, field)
+          assert.strictEqual((error as InvalidConfig).field, field)
         }
       }), timeout)
   })

@@ -64,7 +64,7 @@ const transactionalLayer = (options: MemberOptions) =>
 const kafkaPolicyLayer = (policy: Exclude<MemberOptions["policy"], "transactional" | "kafkaTransactional">) => {
   switch (policy) {
     case "atMostOnce":
-      return CommitPolicy.atMostOnce
+      return CommitPolicy.atMostOnce()
     case "autoCommit":
       return CommitPolicy.autoCommit({ interval: "500 millis" })
     case "commitAfter":

@@ -7,7 +7,7 @@ import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
-import { ConfigError } from "../KafkaError.js"
+import { InvalidConfig } from "../KafkaError.js"
 import type { Claim, CommitUnit } from "../OffsetStore.js"
 import { type Fenced, OffsetStore, OffsetStoreError, Results, type Transaction } from "../OffsetStore.js"
 import * as TopicPartition from "../TopicPartition.js"
@@ -282,10 +282,10 @@ class Moved extends Data.TaggedError("Moved")<{ readonly path: string }> {}
 /** @internal */
 export const make = (
   directory: string
-): Effect.Effect<Context.Context<OffsetStore | Results>, ConfigError | OffsetStoreError, FileSystem.FileSystem> =>
+): Effect.Effect<Context.Context<OffsetStore | Results>, InvalidConfig | OffsetStoreError, FileSystem.FileSystem> =>
   Effect.gen(function*() {
     if (directory.trim() === "" || directory.includes("\u0000")) {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "directory",
         reason: "the offset store needs a directory path (non-empty, without NUL characters)"
       })

@@ -14,7 +14,7 @@ import type {
 } from "kafkajs"
 import { type ConsumerRecord, toPlain } from "../ConsumerRecord.js"
 import type { Config, LogLevel, RetryOptions, SaslOptions, TlsOptions } from "../KafkaJs.js"
-import { CommitFailed, ConfigError, DriverError } from "../KafkaError.js"
+import { CommitFailed, InvalidConfig, DriverError } from "../KafkaError.js"
 import type { TopicPartition } from "../TopicPartition.js"
 import { inspectSymbol } from "./record.js"
 
@@ -28,19 +28,19 @@ const brokerPattern = /^(\[[0-9A-Fa-f:.]+\]|[^\s:/[\]@]+):(\d{1,5})$/
 export const parseBrokers = (
   input: string | ReadonlyArray<string>,
   field = "brokers"
-): Effect.Effect<ReadonlyArray<string>, ConfigError> =>
+): Effect.Effect<ReadonlyArray<string>, InvalidConfig> =>
   Effect.suspend(() => {
     const list = typeof input === "string" ? input.split(",") : input
     const brokers = list.map((broker) => broker.trim()).filter((broker) => broker.length > 0)
     if (brokers.length === 0) {
-      return Effect.fail(new ConfigError({ field, reason: "at least one broker address (host:port) is required" }))
+      return Effect.fail(new InvalidConfig({ field, reason: "at least one broker address (host:port) is required" }))
     }
     for (const broker of brokers) {
       const match = brokerPattern.exec(broker)
       const port = match === null ? NaN : Number(match[2])
       if (match === null || !(port >= 1 && port <= 65535)) {
         return Effect.fail(
-          new ConfigError({ field, reason: `"${broker}" is not a broker address of the form host:port` })
+          new InvalidConfig({ field, reason: `"${broker}" is not a broker address of the form host:port` })
         )
       }
     }
@@ -51,11 +51,11 @@ export const parseBrokers = (
 export const positiveMillis = (
   field: string,
   input: Duration.DurationInput | undefined
-): Effect.Effect<number | undefined, ConfigError> => {
+): Effect.Effect<number | undefined, InvalidConfig> => {
   if (input === undefined) return Effect.succeed(undefined)
   const decoded = Duration.decodeUnknown(input)
   if (decoded._tag === "None" || !Duration.isFinite(decoded.value) || Duration.toMillis(decoded.value) <= 0) {
-    return Effect.fail(new ConfigError({ field, reason: "must be a finite, positive duration" }))
+    return Effect.fail(new InvalidConfig({ field, reason: "must be a finite, positive duration" }))
   }
   return Effect.succeed(Math.max(1, Math.round(Duration.toMillis(decoded.value))))
 }
@@ -64,10 +64,10 @@ export const positiveMillis = (
 export const positiveInteger = (
   field: string,
   input: number | undefined
-): Effect.Effect<number | undefined, ConfigError> =>
+): Effect.Effect<number | undefined, InvalidConfig> =>
   input === undefined || (Number.isInteger(input) && input > 0)
     ? Effect.succeed(input)
-    : Effect.fail(new ConfigError({ field, reason: `must be a positive integer, got ${input}` }))
+    : Effect.fail(new InvalidConfig({ field, reason: `must be a positive integer, got ${input}` }))
 
 const toKafkaLogLevel = (level: LogLevel): KafkaLogLevel => {
   switch (level) {
@@ -142,25 +142,25 @@ export const makeClientConfig = (
     | "logLevel"
   >,
   runtime: Runtime.Runtime<never>
-): Effect.Effect<ClientConfig, ConfigError> =>
+): Effect.Effect<ClientConfig, InvalidConfig> =>
   Effect.gen(function*() {
     const brokers = yield* parseBrokers(config.brokers)
     if (config.clientId !== undefined && config.clientId.trim().length === 0) {
-      return yield* new ConfigError({ field: "clientId", reason: "must not be blank" })
+      return yield* new InvalidConfig({ field: "clientId", reason: "must not be blank" })
     }
     if (config.sasl !== undefined) {
       const mechanisms = ["plain", "scram-sha-256", "scram-sha-512"]
       if (!mechanisms.includes(config.sasl.mechanism)) {
-        return yield* new ConfigError({
+        return yield* new InvalidConfig({
           field: "sasl.mechanism",
           reason: `must be one of ${mechanisms.join(", ")}, got "${String(config.sasl.mechanism)}"`
         })
       }
       if (config.sasl.username.length === 0) {
-        return yield* new ConfigError({ field: "sasl.username", reason: "must not be empty" })
+        return yield* new InvalidConfig({ field: "sasl.username", reason: "must not be empty" })
       }
       if (!Redacted.isRedacted(config.sasl.password)) {
-        return yield* new ConfigError({
+        return yield* new InvalidConfig({
           field: "sasl.password",
           reason: "must be a Redacted value (Redacted.make, or Config.redacted to read it)"
         })
@@ -181,12 +181,12 @@ export const makeClientConfig = (
     return { kafka, sasl: config.sasl, logLevel: config.logLevel ?? "warn", runtime }
   })
 
-const makeRetry = (retry: RetryOptions): Effect.Effect<KafkaRetryOptions, ConfigError> =>
+const makeRetry = (retry: RetryOptions): Effect.Effect<KafkaRetryOptions, InvalidConfig> =>
   Effect.gen(function*() {
     const out: KafkaRetryOptions = {}
     if (retry.retries !== undefined) {
       if (!Number.isInteger(retry.retries) || retry.retries < 0) {
-        return yield* new ConfigError({ field: "retry.retries", reason: "must be a non-negative integer" })
+        return yield* new InvalidConfig({ field: "retry.retries", reason: "must be a non-negative integer" })
       }
       out.retries = retry.retries
     }
@@ -196,13 +196,13 @@ const makeRetry = (retry: RetryOptions): Effect.Effect<KafkaRetryOptions, Config
     if (maxRetryTime !== undefined) out.maxRetryTime = maxRetryTime
     if (retry.factor !== undefined) {
       if (!(retry.factor >= 0 && retry.factor <= 1)) {
-        return yield* new ConfigError({ field: "retry.factor", reason: "must be between 0 and 1" })
+        return yield* new InvalidConfig({ field: "retry.factor", reason: "must be between 0 and 1" })
       }
       out.factor = retry.factor
     }
     if (retry.multiplier !== undefined) {
       if (!(retry.multiplier >= 1)) {
-        return yield* new ConfigError({ field: "retry.multiplier", reason: "must be at least 1" })
+        return yield* new InvalidConfig({ field: "retry.multiplier", reason: "must be at least 1" })
       }
       out.multiplier = retry.multiplier
     }

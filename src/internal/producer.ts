@@ -9,7 +9,7 @@ import * as Fiber from "effect/Fiber"
 import * as FiberId from "effect/FiberId"
 import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
-import { ConfigError, ProduceFailed, TransactionFailed } from "../KafkaError.js"
+import { InvalidConfig, ProduceFailed, TransactionFailed } from "../KafkaError.js"
 import { Observability } from "../Observability.js"
 import {
   Producer,
@@ -48,22 +48,22 @@ const integerIn = (field: string, value: number | undefined, fallback: number, m
     if (value === undefined) return Effect.succeed(fallback)
     return Number.isInteger(value) && value >= min && value <= max
       ? Effect.succeed(value)
-      : Effect.fail(new ConfigError({ field, reason: `must be an integer from ${min} to ${max}, got ${value}` }))
+      : Effect.fail(new InvalidConfig({ field, reason: `must be an integer from ${min} to ${max}, got ${value}` }))
   })
 
 /** @internal */
-export const resolve = (settings: Settings): Effect.Effect<Resolved, ConfigError> =>
+export const resolve = (settings: Settings): Effect.Effect<Resolved, InvalidConfig> =>
   Effect.gen(function*() {
     const acks = settings.acks ?? "all"
     if (acks !== "all" && acks !== 1 && acks !== 0) {
-      return yield* new ConfigError({ field: "acks", reason: `must be 0, 1 or "all", got ${String(acks)}` })
+      return yield* new InvalidConfig({ field: "acks", reason: `must be 0, 1 or "all", got ${String(acks)}` })
     }
     const idempotent = settings.idempotent ?? true
     if (typeof idempotent !== "boolean") {
-      return yield* new ConfigError({ field: "idempotent", reason: `must be true or false, got ${String(idempotent)}` })
+      return yield* new InvalidConfig({ field: "idempotent", reason: `must be true or false, got ${String(idempotent)}` })
     }
     if (idempotent && acks !== "all") {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "acks",
         reason: `an idempotent producer needs acks "all" (got ${acks}): a record acknowledged by the leader alone can ` +
           "be lost with it, which idempotence cannot repair; set idempotent: false to use acks 0 or 1"
@@ -71,7 +71,7 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, ConfigError
     }
     const maxInFlightRequests = yield* integerIn("maxInFlightRequests", settings.maxInFlightRequests, 1, 1, 5)
     if (idempotent && maxInFlightRequests > 1) {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "maxInFlightRequests",
         reason: `an idempotent producer keeps one batch in flight (got ${maxInFlightRequests}): kafkajs gives a ` +
           "retried batch new sequence numbers, so a batch sent behind one that failed could land before it"
@@ -84,7 +84,7 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, ConfigError
     const maxRequestSize = yield* integerIn("maxRequestSize", settings.maxRequestSize, 1024 * 1024, 1, 1024 * 1024 * 1024)
     const compression = settings.compression ?? "none"
     if (compression !== "none" && compression !== "gzip") {
-      return yield* new ConfigError({
+      return yield* new InvalidConfig({
         field: "compression",
         reason: `must be "none" or "gzip", got ${String(compression)}`
       })
@@ -746,10 +746,10 @@ export const inTransaction = <A, E, R>(
   )
 
 /** A transactional id: a non-empty string. @internal */
-export const checkTransactionalId = (transactionalId: string): Effect.Effect<string, ConfigError> =>
+export const checkTransactionalId = (transactionalId: string): Effect.Effect<string, InvalidConfig> =>
   typeof transactionalId === "string" && transactionalId.trim().length > 0
     ? Effect.succeed(transactionalId)
-    : Effect.fail(new ConfigError({ field: "transactionalId", reason: "must be a non-empty string" }))
+    : Effect.fail(new InvalidConfig({ field: "transactionalId", reason: "must be a non-empty string" }))
 
 /**
  * Transactional settings checked: a transactional producer is idempotent, with acks "all" and one batch in flight.

@@ -20,7 +20,7 @@ import { Crashed, Faults } from "../Faults.js"
 import {
   type CircuitOpen,
   CommitFailed,
-  type ConfigError,
+  type InvalidConfig,
   DriverError,
   HandlerFailed,
   OffsetOutOfRange,
@@ -82,7 +82,7 @@ export interface Hooks<E, R> {
   readonly onRevoke?: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R | Scope.Scope>
 }
 
-export type RunError = ConfigError | PolicyError | OffsetOutOfRange | PartitionsLost | WorkerStuck
+export type RunError = InvalidConfig | PolicyError | OffsetOutOfRange | PartitionsLost | WorkerStuck
 
 /** How the dead-letter route ends a consumer: its write failed, or its circuit opened. */
 export type RouteError<E> = ProduceFailed | CircuitOpen<E>
