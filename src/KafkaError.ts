@@ -236,6 +236,31 @@ export class RecordFailed<out E = unknown> extends Data.TaggedError("RecordFaile
 }
 
 /**
+ * A chunk handler failed with a `RecordFailed` naming an offset (`offset`) that is not one of the records of the chunk
+ * it was given (`first` to `last`): which record failed is not known, so nothing of the chunk can be routed or counted
+ * as handled. The consumer ends with it whatever its failure route; the partition's position stays before the chunk.
+ * `cause` is the handler's `RecordFailed`.
+ *
+ * @since 0.2.0
+ * @category errors
+ */
+export class RecordNotInChunk<out E = unknown> extends Data.TaggedError("RecordNotInChunk")<{
+  readonly topic: string
+  readonly partition: number
+  readonly offset: bigint
+  readonly first: bigint
+  readonly last: bigint
+  readonly cause: unknown
+}> {
+  declare readonly cause: E
+
+  override get message(): string {
+    return `The handler of ${this.topic}-${this.partition} failed with RecordFailed naming offset ${this.offset}, ` +
+      `which is not a record of its chunk (offsets ${this.first} to ${this.last}): the failed record is unknown`
+  }
+}
+
+/**
  * A value could not be encoded by the producer's schemas for `topic`; `field` names what (`"key"`, `"value"` or
  * `"headers"`), `reason` is the Schema's `ParseError`, formatted. Nothing was sent.
  *
@@ -291,6 +316,8 @@ export class CircuitOpen<out E = unknown> extends Data.TaggedError("CircuitOpen"
  *   have been written: sending it again can duplicate it, unless the producer is idempotent and still running;
  * - `Unauthorized`: the topic is not this client's to write;
  * - `Closed`: the producer was shut down before the record was sent;
+ * - `BufferFull`: the records waiting to be sent already filled the producer's `bufferMemory`, and stayed so for
+ *   `maxBlock`: the record was not sent (the Java client's `buffer.memory` and `max.block.ms`);
  * - `Other`: any other refusal; `detail` says what the client said.
  *
  * @since 0.1.0
@@ -316,6 +343,7 @@ export class ProduceFailed extends Schema.TaggedError<ProduceFailed>()("ProduceF
     "NotEnoughReplicas",
     "Unauthorized",
     "Closed",
+    "BufferFull",
     "Other"
   ),
   topic: Schema.String,
