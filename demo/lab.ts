@@ -407,7 +407,7 @@ const exactlyOnceConfig = (
   workload: Workload,
   groupId: string,
   topic: string
-): Consumer.Config => ({
+): Consumer.AnyConfig => ({
   groupId,
   topics: [topic],
   maxPollRecords: workload.maxPollRecords ?? 50,

@@ -21,7 +21,7 @@ import type { Driver, IsolationLevel } from "./Driver.js"
 import * as Codec from "./Codec.js"
 import * as FailureRoute from "./FailureRoute.js"
 import * as config_ from "./internal/config.js"
-import type { RouteSettings } from "./internal/route.js"
+import * as route from "./internal/route.js"
 import * as runloop from "./internal/runloop.js"
 import {
   type CircuitOpen,
@@ -34,6 +34,7 @@ import {
   type PartitionsLost,
   type ProduceFailed,
   RecordFailed,
+  RecordNotInChunk,
   type TransactionFailed,
   type WorkerStuck
 } from "./KafkaError.js"
@@ -45,7 +46,7 @@ import * as TopicPartition from "./TopicPartition.js"
  * @since 0.1.0
  * @category models
  */
-export interface Config {
+export interface Config<Route extends FailureRoute.FailureRoute = FailureRoute.Stop> {
   /** The consumer group; under `transactional` also the key of positions in the offset store. */
   readonly groupId: string
   /** Topics to subscribe to through the group protocol. Give either `topics` or `partitions`. */
@@ -127,11 +128,23 @@ export interface Config {
    * writes it to a dead-letter topic and goes on. See `FailureRoute` for the guarantee under each policy. With a
    * dead-letter route the consumer needs a `Producer`, and can end with `ProduceFailed` (the dead-letter write failed)
    * or `CircuitOpen`.
+   *
+   * The route is part of the type: `Consumer.Config` takes none (the `stop` route), and a configuration written apart
+   * from the call with a route says which, `Consumer.Config<FailureRoute.DeadLetter>` say, so that what `run` requires
+   * (a `Producer`) and how it can end follow from it.
    */
-  readonly onFailure?: FailureRoute.FailureRoute
+  readonly onFailure?: Route
 }
 
-type RouteOf<C extends Config> = "onFailure" extends keyof C ? C["onFailure"] : undefined
+/**
+ * A configuration with any failure route.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type AnyConfig = Config<FailureRoute.FailureRoute>
+
+type RouteOf<C extends AnyConfig> = "onFailure" extends keyof C ? C["onFailure"] : undefined
 
 /**
  * What a consumer with the configuration `C` needs besides the driver, the policy and the handler's services: a
@@ -140,7 +153,7 @@ type RouteOf<C extends Config> = "onFailure" extends keyof C ? C["onFailure"] : 
  * @since 0.1.0
  * @category models
  */
-export type Requires<C extends Config> = [RouteOf<C>] extends [FailureRoute.Stop | undefined] ? never : Producer
+export type Requires<C extends AnyConfig> = [RouteOf<C>] extends [FailureRoute.Stop | undefined] ? never : Producer
 
 /**
  * How a consumer with the configuration `C` can end because of its handler's error `E`: with `HandlerFailed` under
@@ -149,9 +162,20 @@ export type Requires<C extends Config> = [RouteOf<C>] extends [FailureRoute.Stop
  * @since 0.1.0
  * @category models
  */
-export type Failures<C extends Config, E> = [RouteOf<C>] extends [FailureRoute.Stop | undefined] ? HandlerFailed<E>
+export type Failures<C extends AnyConfig, E> = [RouteOf<C>] extends [FailureRoute.Stop | undefined] ? HandlerFailed<E>
   : [RouteOf<C>] extends [FailureRoute.DeadLetter | FailureRoute.RetryTopics] ? ProduceFailed | CircuitOpen<E>
   : HandlerFailed<E> | ProduceFailed | CircuitOpen<E>
+
+/**
+ * How a chunk handler whose error `E` can be a `RecordFailed` can end the consumer besides: with `RecordNotInChunk`,
+ * when the `RecordFailed` names a record that is not in the chunk. A handler that never fails with `RecordFailed`
+ * cannot.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type Misnamed<E> = [Extract<E, RecordFailed<unknown>>] extends [never] ? never
+  : RecordNotInChunk<Extract<E, RecordFailed<unknown>>>
 
 /**
  * Errors a consumer can end with, besides the handler's own (in `HandlerFailed`) and the hooks'.
@@ -189,7 +213,7 @@ const duration = (field: string, input: Duration.DurationInput | undefined, fall
 const positiveInt = (field: string, input: number | undefined, fallback: number) =>
   input === undefined ? Effect.succeed(fallback) : config_.positiveInt(field, input)
 
-const resolve = (config: Config): Effect.Effect<runloop.Resolved, InvalidConfig> =>
+const resolve = (config: AnyConfig): Effect.Effect<runloop.Resolved, InvalidConfig> =>
   Effect.gen(function*() {
     if (typeof config.groupId !== "string" || config.groupId.trim().length === 0) {
       return yield* new InvalidConfig({ field: "groupId", reason: "must be a non-empty string" })
@@ -298,12 +322,12 @@ const resolve = (config: Config): Effect.Effect<runloop.Resolved, InvalidConfig>
   })
 
 /** The retry topics the consumer reads besides its own. */
-const retryTopicsOf = (topics: ReadonlyArray<string>, route: RouteSettings | undefined): ReadonlyArray<string> =>
+const retryTopicsOf = (topics: ReadonlyArray<string>, route: route.RouteSettings | undefined): ReadonlyArray<string> =>
   route === undefined ? [] : topics.flatMap((topic) => route.delays.map((_, step) => FailureRoute.retryTopic(topic, step)))
 
 const validTopic = /^[a-zA-Z0-9._-]{1,249}$/
 
-const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, InvalidConfig> => {
+const routeOf = (config: AnyConfig): Effect.Effect<route.RouteSettings | undefined, InvalidConfig> => {
   const route = config.onFailure
   if (route === undefined || route._tag === "Stop") return Effect.succeed(undefined)
   if (route._tag !== "DeadLetter" && route._tag !== "RetryTopics") {
@@ -361,7 +385,7 @@ const routeOf = (config: Config): Effect.Effect<RouteSettings | undefined, Inval
  * @since 0.1.0
  * @category constructors
  */
-export const validate = (config: Config): Effect.Effect<void, InvalidConfig> => Effect.asVoid(resolve(config))
+export const validate = (config: AnyConfig): Effect.Effect<void, InvalidConfig> => Effect.asVoid(resolve(config))
 
 /**
  * A handler of a chunk of records of one partition, in offset order.
@@ -385,24 +409,38 @@ export type Handler<E, R> = (
  * @since 0.1.0
  * @category running
  */
-export const run = <C extends Config, E, R, EH = never, RH = never>(
+export const run = <C extends AnyConfig, E, R, EH = never, RH = never>(
   config: C,
   handler: Handler<E, R>,
   hooks: Hooks<EH, RH> = {}
 ): Effect.Effect<
   never,
-  ConsumerError | Failures<C, E> | EH,
+  ConsumerError | Failures<C, E> | Misnamed<E> | EH,
   Driver | CommitPolicy | Requires<C> | R | Exclude<RH, Scope.Scope>
 > =>
   Effect.flatMap(resolve(config), (resolved) => {
     const call = (records: Chunk.Chunk<ConsumerRecord>, partition: TopicPartition.TopicPartition) =>
       Effect.mapError(
         handler(records, partition),
-        // A record that did not decode names itself, as does a `RecordFailed`: the route takes that one record.
-        (error) =>
-          error instanceof RecordFailed
-            ? new runloop.HandlerFailure(error, error.offset, true)
-            : new runloop.HandlerFailure(error, error instanceof DecodeFailed ? error.offset : undefined, false)
+        // A record that did not decode names itself, as does a `RecordFailed`: the route takes that one record. A
+        // `RecordFailed` naming a record the chunk does not hold says nothing of which record failed: it ends the
+        // consumer rather than route or retry the wrong records.
+        (error) => {
+          if (error instanceof RecordFailed) {
+            if (route.indexOf(records, error.offset) >= 0) return new runloop.HandlerFailure(error, error.offset, true)
+            return new route.Fatal(
+              new RecordNotInChunk({
+                topic: partition.topic,
+                partition: partition.partition,
+                offset: error.offset,
+                first: Chunk.unsafeHead(records).offset,
+                last: Chunk.unsafeLast(records).offset,
+                cause: error
+              })
+            )
+          }
+          return new runloop.HandlerFailure(error, error instanceof DecodeFailed ? error.offset : undefined, false)
+        }
       )
     return typed<C, E, EH, R | Exclude<RH, Scope.Scope>>(runloop.run(resolved, call, hooks))
   })
@@ -412,7 +450,7 @@ export const run = <C extends Config, E, R, EH = never, RH = never>(
  * is a dead-letter route (then `HandlerFailed` cannot happen and the route's errors can), and it reads the
  * `Producer` only then.
  */
-const typed = <C extends Config, E, EH, R>(
+const typed = <C extends AnyConfig, E, EH, R>(
   effect: Effect.Effect<never, runloop.RunError | HandlerFailed<E> | runloop.RouteError<E> | EH, Driver | CommitPolicy | R>
 ) => effect as Effect.Effect<never, ConsumerError | Failures<C, E> | EH, Driver | CommitPolicy | Requires<C> | R>
 
@@ -422,7 +460,7 @@ const typed = <C extends Config, E, EH, R>(
  * @since 0.1.0
  * @category running
  */
-export const runEach = <C extends Config, E, R, EH = never, RH = never>(
+export const runEach = <C extends AnyConfig, E, R, EH = never, RH = never>(
   config: C,
   handler: (record: ConsumerRecord) => Effect.Effect<void, E, R>,
   hooks: Hooks<EH, RH> = {}

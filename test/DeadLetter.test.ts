@@ -486,7 +486,7 @@ describe("the dead-letter route", () => {
 
   it.effect("a bad route is a InvalidConfig naming it; a partition stream takes no route", () =>
     Effect.gen(function*() {
-      const refused = (config: Consumer.Config) =>
+      const refused = (config: Consumer.AnyConfig) =>
         Effect.flip(Consumer.validate(config))
       const sameTopic = yield* refused({ groupId: "g", topics: [source], onFailure: FailureRoute.deadLetter({ topic: source }) })
       assert.strictEqual(sameTopic.field, "onFailure.topic")
@@ -621,8 +621,8 @@ describe("the route in the types", () => {
     const withPolicy = Effect.provide(routed, CommitPolicy.commitAfter({ maxBatch: 10, maxInterval: "1 second" }))
     // @ts-expect-error a dead-letter route cannot run without a Producer
     const _noProducer: Effect.Effect<never, unknown, Driver> = withPolicy
-    // A configuration typed as Config may carry any route: both kinds of error, and a Producer.
-    const anyConfig: Consumer.Config = settings
+    // A configuration typed as AnyConfig may carry any route: both kinds of error, and a Producer.
+    const anyConfig: Consumer.AnyConfig = settings
     const either = Consumer.runEach(anyConfig, handler)
     expectTypeOf<Effect.Effect.Error<typeof either>>().toEqualTypeOf<
       Consumer.ConsumerError | HandlerFailed<Refused> | ProduceFailed | CircuitOpen<Refused>
@@ -630,5 +630,15 @@ describe("the route in the types", () => {
     expectTypeOf<Effect.Effect.Context<typeof either>>().toEqualTypeOf<
       Driver | CommitPolicy.CommitPolicy | Producer.Producer
     >()
+    // A configuration built apart from the call and typed as Config has no route: no Producer, HandlerFailed only.
+    const plain: Consumer.Config = { groupId: "g", topics: [source], maxPollRecords: 10 }
+    const stopping = Consumer.runEach(plain, handler)
+    expectTypeOf<Effect.Effect.Error<typeof stopping>>().toEqualTypeOf<Consumer.ConsumerError | HandlerFailed<Refused>>()
+    expectTypeOf<Effect.Effect.Context<typeof stopping>>().toEqualTypeOf<Driver | CommitPolicy.CommitPolicy>()
+    // @ts-expect-error a route is part of the type: Config takes none, Config<FailureRoute.DeadLetter> this one
+    const _routeInPlainConfig: Consumer.Config = settings
+    const typedRoute: Consumer.Config<FailureRoute.DeadLetter> = settings
+    expectTypeOf<Effect.Effect.Context<ReturnType<typeof Consumer.runEach<typeof typedRoute, Refused, never>>>>()
+      .toEqualTypeOf<Driver | CommitPolicy.CommitPolicy | Producer.Producer>()
   })
 })

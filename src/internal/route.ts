@@ -8,7 +8,7 @@ import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
 import { deadLetterRecord } from "../FailureRoute.js"
-import { CircuitOpen, DecodeFailed, ProduceFailed } from "../KafkaError.js"
+import { CircuitOpen, DecodeFailed, ProduceFailed, type RecordNotInChunk } from "../KafkaError.js"
 import { Producer, type ProducerRecord, type RecordMetadata } from "../Producer.js"
 import * as TopicPartition from "../TopicPartition.js"
 
@@ -53,7 +53,7 @@ export class HandlerFailure<E> {
 }
 
 /** The route's writes a unit started, which it waits for before it ends. */
-type Pending = Array<Fiber.RuntimeFiber<void, RouteFailure>>
+type Pending = Array<Fiber.RuntimeFiber<void, Fatal>>
 
 /**
  * The route's writes apart from the units that routed their records, under a policy whose commits wait for them
@@ -76,7 +76,7 @@ export interface SideWrites {
    * Writes every record routed so far and waits for them: `undefined` when all were acknowledged, else the first
    * failure.
    */
-  readonly settled: Effect.Effect<RouteFailure | undefined>
+  readonly settled: Effect.Effect<Fatal | undefined>
   /**
    * When the session has ended (after its last commit): writes what is still queued and lets the writes in flight
    * end, for up to `patience`, so that a record routed just before a failure ended the consumer is not left
@@ -101,7 +101,7 @@ export const makeSideWrites = (maxWait: Duration.Duration): SideWrites => {
   /** A timer fiber will write the queue. */
   let armed = false
   let closed = false
-  let failed: RouteFailure | undefined
+  let failed: Fatal | undefined
   const waitMillis = Duration.toMillis(maxWait)
 
   const write = (batch: ReadonlyArray<Queued>, send: Context.Tag.Service<typeof Producer>["sendAll"]) =>
@@ -110,7 +110,7 @@ export const makeSideWrites = (maxWait: Duration.Duration): SideWrites => {
       onFailure: (cause) =>
         Effect.sync(() => {
           const failure = Cause.failureOption(cause)
-          failed ??= new RouteFailure(
+          failed ??= new Fatal(
             Option.isSome(failure) ? failure.value : new ProduceFailed({
               reason: "Other",
               topic: batch[0]!.record.topic,
@@ -200,16 +200,19 @@ export const makeSideWrites = (maxWait: Duration.Duration): SideWrites => {
   }
 }
 
-/** The route itself failed: the dead-letter write, or the circuit opened. Neither retried nor routed. */
-export class RouteFailure {
-  constructor(readonly error: ProduceFailed | CircuitOpen<unknown>) {}
+/**
+ * A failure that ends the consumer as it is, neither retried nor routed: the route's own write failed or its circuit
+ * opened, or the handler named a record that is not in its chunk.
+ */
+export class Fatal {
+  constructor(readonly error: ProduceFailed | CircuitOpen<unknown> | RecordNotInChunk<unknown>) {}
 }
 
 /**
  * Where the record at `offset` is in `records`, whose offsets grow: by halves, reading records in place (a chunk may
  * be a slice, which a search through its iterator would copy); -1 when it is not there.
  */
-const indexOf = (records: Chunk.Chunk<ConsumerRecord>, offset: bigint): number => {
+export const indexOf = (records: Chunk.Chunk<ConsumerRecord>, offset: bigint): number => {
   let low = 0
   let high = Chunk.size(records) - 1
   while (low <= high) {
@@ -228,7 +231,7 @@ const indexOf = (records: Chunk.Chunk<ConsumerRecord>, offset: bigint): number =
 export type Work<E, R> = (
   records: Chunk.Chunk<ConsumerRecord>,
   partition: TopicPartition.TopicPartition
-) => Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>
+) => Effect.Effect<void, HandlerFailure<E> | Fatal, R>
 
 /** A handler failure worth another attempt: decoding the same bytes again gives the same answer. */
 export const retryable = (error: unknown): boolean =>
@@ -302,7 +305,7 @@ export const makeRouter = <E, R>(
   const counted = (
     tp: TopicPartition.TopicPartition,
     records: Chunk.Chunk<ConsumerRecord>,
-    effect: Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>
+    effect: Effect.Effect<void, HandlerFailure<E> | Fatal, R>
   ) =>
     Effect.tapError(effect, (failure) =>
       Effect.sync(() => {
@@ -336,7 +339,7 @@ export const makeRouter = <E, R>(
     error: unknown,
     /** Whether it is one more failure for the circuit: the records of one failed chunk count once. */
     counts = true
-  ): Effect.Effect<void, RouteFailure> =>
+  ): Effect.Effect<void, Fatal> =>
     Effect.suspend(() => {
       const k = TopicPartition.key(tp)
       const state = stateOf(k)
@@ -349,7 +352,7 @@ export const makeRouter = <E, R>(
         retryStepOf(settings, tp.topic) === undefined
       if (fresh && state.streak.length + 1 >= settings.maxInARow) {
         return Effect.fail(
-          new RouteFailure(
+          new Fatal(
             new CircuitOpen({
               topic: tp.topic,
               partition: tp.partition,
@@ -384,7 +387,7 @@ export const makeRouter = <E, R>(
           if (Option.isNone(producer)) return Effect.dieMessage("the failure route needs a Producer")
           return producer.value.send(letter(now))
         }),
-        Effect.mapError((error) => new RouteFailure(error)),
+        Effect.mapError((error) => new Fatal(error)),
         Effect.flatMap(written)
       )
       return Effect.flatMap(Effect.fork(write), (fiber) =>
@@ -408,7 +411,7 @@ export const makeRouter = <E, R>(
       )
     })
 
-  const errorOf = (failure: HandlerFailure<E> | RouteFailure) =>
+  const errorOf = (failure: HandlerFailure<E> | Fatal) =>
     failure instanceof HandlerFailure ? Effect.succeed(failure) : Effect.fail(failure)
 
   // inPlace and once: the unit goes on past a record that keeps failing, which is routed in it.
@@ -416,7 +419,7 @@ export const makeRouter = <E, R>(
     pending: Pending,
     records: Chunk.Chunk<ConsumerRecord>,
     tp: TopicPartition.TopicPartition
-  ): Effect.Effect<void, HandlerFailure<E> | RouteFailure, R> =>
+  ): Effect.Effect<void, HandlerFailure<E> | Fatal, R> =>
     Effect.matchEffect(counted(tp, records, work(records, tp)), {
       onSuccess: () => handled(tp, lastOf(records)),
       onFailure: (failure) => Effect.flatMap(errorOf(failure), (failure) => salvage(pending, records, tp, failure))
@@ -449,7 +452,7 @@ export const makeRouter = <E, R>(
     records: Chunk.Chunk<ConsumerRecord>,
     tp: TopicPartition.TopicPartition,
     failure: HandlerFailure<E>
-  ): Effect.Effect<void, HandlerFailure<E> | RouteFailure, R> => {
+  ): Effect.Effect<void, HandlerFailure<E> | Fatal, R> => {
     const offset = failure.offset ?? (Chunk.size(records) === 1 ? Chunk.unsafeHead(records).offset : undefined)
     if (offset === undefined) {
       // A chunk handler failed without saying on which record. At most once, none may be handed again: each is
@@ -488,7 +491,7 @@ export const makeRouter = <E, R>(
       return Effect.zipLeft(counted(tp, records, work(records, tp)), handled(tp, lastOf(records)))
     }
     return withPending((pending) => Effect.suspend(() => {
-      const steps: Array<Effect.Effect<void, HandlerFailure<E> | RouteFailure, R>> = []
+      const steps: Array<Effect.Effect<void, HandlerFailure<E> | Fatal, R>> = []
       let run: Array<ConsumerRecord> = []
       const flush = () => {
         if (run.length === 0) return

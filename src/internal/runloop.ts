@@ -26,6 +26,7 @@ import {
   OffsetOutOfRange,
   PartitionsLost,
   type ProduceFailed,
+  type RecordNotInChunk,
   TransactionFailed,
   WorkerStuck
 } from "../KafkaError.js"
@@ -42,7 +43,7 @@ import {
   retryable,
   retryStepOf,
   makeSideWrites,
-  RouteFailure,
+  Fatal,
   type RouteSettings,
   type Work
 } from "./route.js"
@@ -84,8 +85,11 @@ export interface Hooks<E, R> {
 
 export type RunError = InvalidConfig | PolicyError | OffsetOutOfRange | PartitionsLost | WorkerStuck
 
-/** How the dead-letter route ends a consumer: its write failed, or its circuit opened. */
-export type RouteError<E> = ProduceFailed | CircuitOpen<E>
+/**
+ * How a handler's failure ends a consumer besides `HandlerFailed`: the dead-letter write failed, the route's circuit
+ * opened, or the handler named a record that is not in its chunk.
+ */
+export type RouteError<E> = ProduceFailed | CircuitOpen<E> | RecordNotInChunk<E>
 
 export { HandlerFailure, type Work } from "./route.js"
 
@@ -172,6 +176,8 @@ const within = <A, E, R>(effect: Effect.Effect<A, E, R>, duration: Duration.Dura
   Effect.disconnect(Effect.interruptible(Effect.timeoutOption(Effect.disconnect(effect), duration)))
 
 const keysOf = (states: ReadonlyArray<PartitionState>) => states.map((s) => s.key).join(", ")
+
+const byOffset = (a: ConsumerRecord, b: ConsumerRecord) => a.offset < b.offset ? -1 : a.offset > b.offset ? 1 : 0
 
 /** The records of a unit's parts, in order. */
 function* recordsOf(parts: ReadonlyArray<Chunk.Chunk<ConsumerRecord>>): Generator<ConsumerRecord> {
@@ -452,9 +458,9 @@ const runSession = <E, R, EH, RH>(
     const failed = (
       state: PartitionState,
       records: Chunk.Chunk<ConsumerRecord>,
-      error: HandlerFailure<E> | RouteFailure | PolicyError
+      error: HandlerFailure<E> | Fatal | PolicyError
     ): Effect.Effect<void, HandlerFailed<E> | RouteError<E> | PolicyError | Rejoin> => {
-      if (error instanceof RouteFailure) return Effect.fail(error.error as RouteError<E>)
+      if (error instanceof Fatal) return Effect.fail(error.error as RouteError<E>)
       if (error instanceof HandlerFailure) {
         return Effect.fail(
           new HandlerFailed<E>({
@@ -683,11 +689,17 @@ const runSession = <E, R, EH, RH>(
             if (state.stopping) return abandon(state)
             const all = parts.length === 1 ? parts[0]! : Chunk.flatten(Chunk.unsafeFromArray(parts))
             if (rerun.poison(tp, all, error)) return unit(parts, finished, indexes)
-            const byOffset = new Map<bigint, ConsumerRecord>()
-            for (const record of all) byOffset.set(record.offset, record)
-            return Effect.forEach(indexes, (index) => {
+            // A unit of one record each. A record's range starts where the record before it ended, below its own
+            // offset after a gap (a marker, an aborted or compacted record): the unit's records and ranges are paired
+            // in offset order, each record inside its range.
+            const records = Chunk.toReadonlyArray(all).slice().sort(byOffset)
+            return Effect.forEach([...indexes].sort((a, b) => a - b), (index, i) => {
               const range = progress.rangeOf(index)
-              return unit([Chunk.of(byOffset.get(range[0])!)], [range], [index])
+              const record = records[i]
+              if (record === undefined || record.offset < range[0] || record.offset >= range[1]) {
+                return Effect.dieMessage(`${state.key}: the unit's records do not match its ranges at [${range[0]}, ${range[1]})`)
+              }
+              return unit([Chunk.of(record)], [range], [index])
             }, { discard: true })
           })
         )
