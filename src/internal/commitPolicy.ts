@@ -10,8 +10,7 @@ import * as Exit from "effect/Exit"
 import * as Scope from "effect/Scope"
 import type { PartitionProgress, PolicyContext, PolicyError, PolicyInstance } from "../CommitPolicy.js"
 import { CommitPolicy } from "../CommitPolicy.js"
-import type { DriverSession } from "../Driver.js"
-import { type CommitFailed, ProduceFailed, TransactionFailed } from "../KafkaError.js"
+import { type CommitFailed, DriverError, ProduceFailed, TransactionFailed } from "../KafkaError.js"
 import * as OffsetBatch from "../OffsetBatch.js"
 import { OffsetStore, Transaction } from "../OffsetStore.js"
 import { Producer, type TransactionalProducer, TransactionalProducers } from "../Producer.js"
@@ -29,6 +28,22 @@ const persistentRetry = (deadline: Duration.Duration) =>
     Schedule.union(Schedule.spaced(Duration.seconds(5))),
     Schedule.upTo(deadline)
   )
+
+/**
+ * A failure that the cluster's coming back makes go away: a retriable `DriverError` (a lost connection, a coordinator
+ * loading or moving, an offset read that is not stable yet), or a transaction step that timed out or lost its
+ * connection.
+ */
+const transient = (error: unknown): boolean =>
+  (error instanceof DriverError && error.retriable) ||
+  (error instanceof TransactionFailed && (error.reason === "Timeout" || error.reason === "Disconnected"))
+
+/**
+ * `effect`, tried again while it fails with transient errors, for up to `within`: a broker away for less than the
+ * consumer's `reconnectTimeout` does not end it.
+ */
+const whileUnreachable = <A, E, R>(effect: Effect.Effect<A, E, R>, within: Duration.Duration): Effect.Effect<A, E, R> =>
+  retryAfterFailure(effect, { schedule: persistentRetry(within), retryable: transient })
 
 /** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
 const andThen = <E1, R1, E2, R2>(
@@ -249,8 +264,8 @@ const handled = <E, R>(
   )
 
 /** Where a partition starts when Kafka holds the position: the committed offset, when there is one. */
-const kafkaStartPositions = (session: DriverSession, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
-  session.committed(partitions)
+const kafkaStartPositions = (context: PolicyContext, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+  whileUnreachable(context.session.committed(partitions), context.reconnectTimeout)
 
 /** Commits before handing records over: a record is handled at most once. */
 export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
@@ -279,7 +294,7 @@ export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance
       assign: (partitions) =>
         Effect.suspend(() => {
           for (const tp of partitions) owned.add(TopicPartition.key(tp))
-          return kafkaStartPositions(context.session, partitions)
+          return kafkaStartPositions(context, partitions)
         }),
       delivered: () => Effect.void,
       polled: Effect.void,
@@ -318,7 +333,7 @@ export const autoCommit = (
       name: "autoCommit",
       awaitsRoutes: true,
       assign: (partitions) =>
-        Effect.zipRight(committer.assign(partitions), kafkaStartPositions(context.session, partitions)),
+        Effect.zipRight(committer.assign(partitions), kafkaStartPositions(context, partitions)),
       delivered: (partition, next) =>
         Effect.sync(() => {
           committer.unsafeAdd(partition, next, 0)
@@ -385,7 +400,7 @@ export const commitAfter = (
       assign: (partitions) =>
         Effect.zipRight(
           committer.assign(partitions),
-          Effect.map(context.session.committedWithMetadata(partitions), (committed) => {
+          Effect.map(whileUnreachable(context.session.committedWithMetadata(partitions), context.reconnectTimeout), (committed) => {
             const positions = new Map<string, bigint>()
             for (const [k, { metadata, position }] of committed) {
               positions.set(k, position)
@@ -596,16 +611,21 @@ export const kafkaTransactionalLayer = (
                     ? Effect.void
                     : context.observe("transaction", partition, next, o.producer.transaction(body, { offsets }))
                 })
-                // An unsettled transaction is settled by starting the partition's producer anew: then the committed
-                // position says whether it committed.
-                const settle = Effect.zipRight(
-                  context.guard(open(partition)),
-                  Effect.map(context.guard(context.session.committed([partition])), (committed) => {
-                    const position = committed.get(k)
-                    return position !== undefined && position >= next
-                  })
-                )
                 const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(context.reconnectTimeout)
+                // An unsettled transaction is settled by starting the partition's producer anew: then the committed
+                // position (read stable: a transaction still completing makes the read wait) says whether it
+                // committed. A cluster still away is waited for, up to the chunk's deadline.
+                const settle = Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                  whileUnreachable(
+                    Effect.zipRight(
+                      context.guard(open(partition)),
+                      Effect.map(context.guard(context.session.committed([partition])), (committed) => {
+                        const position = committed.get(k)
+                        return position !== undefined && position >= next
+                      })
+                    ),
+                    Duration.millis(Math.max(0, deadline - now))
+                  ))
                 const run = (delay: number): Effect.Effect<void, E | PolicyError, R> =>
                   Effect.catchIf(retry(context.guard(attempt)), unsettled, (error) =>
                     Effect.flatMap(settle, (committed) =>
@@ -626,12 +646,12 @@ export const kafkaTransactionalLayer = (
               unitHoldsWrites: true,
               assign: (partitions) =>
                 Effect.zipRight(
-                  Effect.forEach(partitions, (tp) => context.guard(open(tp)), {
+                  Effect.forEach(partitions, (tp) => whileUnreachable(context.guard(open(tp)), context.reconnectTimeout), {
                     concurrency: "unbounded",
                     discard: true
                   }),
                   // Read once every earlier owner is fenced: the committed positions are final.
-                  kafkaStartPositions(context.session, partitions)
+                  kafkaStartPositions(context, partitions)
                 ),
               delivered: () => Effect.void,
               polled: Effect.void,

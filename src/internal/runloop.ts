@@ -1182,7 +1182,7 @@ const runSession = <E, R, EH, RH>(
     Effect.mapError((error) =>
       error instanceof DriverError && error.retriable
         ? new Reconnect(error)
-        : config.rejoin && staleMembership(error)
+        : config.rejoin && (staleMembership(error) || fenced(error))
         ? new Rejoin(error)
         : error
     )
