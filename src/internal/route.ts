@@ -270,8 +270,13 @@ export interface Router<E, R> {
   ) => boolean
   /** The partition's position passed `position`: what was kept of the records below it is dropped. */
   readonly passed: (partition: TopicPartition.TopicPartition, position: bigint) => void
-  /** The partition is assigned anew: what was known of its failures is dropped. */
+  /** The partition is assigned anew, or given up: what was known of its failures is dropped. */
   readonly reset: (partition: TopicPartition.TopicPartition) => void
+  /**
+   * How many records the router remembers something of (failed attempts, poison, dead letters written): what its memory
+   * grows with. The streak of failures in a row is not counted: it never holds more than `maxInARow` records.
+   */
+  readonly remembered: () => number
 }
 
 /**
@@ -290,8 +295,26 @@ export const makeRouter = <E, R>(
 ): Router<E, R> => {
   const apart = mode === "inPlace" ? side : undefined
   const partitions = new Map<string, PartitionRoute>()
-  /** Failed attempts of records not handled or routed yet, by partition key and offset. */
-  const attempts = new Map<string, number>()
+  /**
+   * Failed attempts of records not handled or routed yet, by partition key, then offset. A record's count goes when it
+   * is handled or routed, and a partition's below its position, or all of them when it is assigned anew.
+   */
+  const attempts = new Map<string, Map<bigint, number>>()
+  /** The records of `records` no longer fail: their counts go (a partition with none costs a lookup). */
+  const succeeded = (tp: TopicPartition.TopicPartition, records: Chunk.Chunk<ConsumerRecord>) => {
+    if (attempts.size === 0) return
+    const counts = attempts.get(TopicPartition.key(tp))
+    if (counts === undefined) return
+    for (const record of records) counts.delete(record.offset)
+    if (counts.size === 0) attempts.delete(TopicPartition.key(tp))
+  }
+  const attemptsOf = (k: string, offset: bigint) => attempts.get(k)?.get(offset)
+  const dropAttempt = (k: string, offset: bigint) => {
+    const counts = attempts.get(k)
+    if (counts === undefined) return
+    counts.delete(offset)
+    if (counts.size === 0) attempts.delete(k)
+  }
 
   const stateOf = (k: string) => {
     let state = partitions.get(k)
@@ -312,8 +335,13 @@ export const makeRouter = <E, R>(
         if (!(failure instanceof HandlerFailure)) return
         const offset = failure.offset ?? (Chunk.size(records) === 1 ? Chunk.unsafeHead(records).offset : undefined)
         if (offset === undefined) return
-        const id = `${TopicPartition.key(tp)}@${offset}`
-        attempts.set(id, (attempts.get(id) ?? 0) + 1)
+        const k = TopicPartition.key(tp)
+        let counts = attempts.get(k)
+        if (counts === undefined) {
+          counts = new Map()
+          attempts.set(k, counts)
+        }
+        counts.set(offset, (counts.get(offset) ?? 0) + 1)
       }))
 
   /** Records up to `upTo` were handled: failures below them are no longer in a row. */
@@ -325,6 +353,9 @@ export const makeRouter = <E, R>(
       if (state.streak.length > 0) state.streak = state.streak.filter((offset) => offset > upTo)
     })
   const lastOf = (records: Chunk.Chunk<ConsumerRecord>) => Chunk.unsafeLast(records).offset
+  /** Every record of `records` was handled. */
+  const handledAll = (tp: TopicPartition.TopicPartition, records: Chunk.Chunk<ConsumerRecord>) =>
+    Effect.zipRight(Effect.sync(() => succeeded(tp, records)), handled(tp, lastOf(records)))
 
   /**
    * Routes a record: the circuit is checked at once, and the write is started in a fiber of its own, added to
@@ -343,8 +374,7 @@ export const makeRouter = <E, R>(
     Effect.suspend(() => {
       const k = TopicPartition.key(tp)
       const state = stateOf(k)
-      const id = `${k}@${record.offset}`
-      const tries = Math.max(attempts.get(id) ?? 1, 1)
+      const tries = Math.max(attemptsOf(k, record.offset) ?? 1, 1)
       // In a row means in offset order, with no record handled after it: under key ordering, records finish out of
       // order. A record routed again (its unit ran again after a rollback) is not one more; nor is a record of a retry
       // topic, which holds nothing but records that failed before: the circuit watches the consumer's topics.
@@ -367,7 +397,7 @@ export const makeRouter = <E, R>(
       if (state.written.has(record.offset)) return Effect.void
       const written = (metadata: RecordMetadata) =>
         Effect.suspend(() => {
-          attempts.delete(id)
+          dropAttempt(k, record.offset)
           onRouted?.(tp, metadata.topic)
           if (mode === "rerun" && !unitHoldsWrites) state.written.add(record.offset)
           // A record parked in a retry topic is expected to pass later: only a dead letter asks for attention.
@@ -421,7 +451,10 @@ export const makeRouter = <E, R>(
     tp: TopicPartition.TopicPartition
   ): Effect.Effect<void, HandlerFailure<E> | Fatal, R> =>
     Effect.matchEffect(counted(tp, records, work(records, tp)), {
-      onSuccess: () => handled(tp, lastOf(records)),
+      onSuccess: () => {
+        succeeded(tp, records)
+        return handled(tp, lastOf(records))
+      },
       onFailure: (failure) => Effect.flatMap(errorOf(failure), (failure) => salvage(pending, records, tp, failure))
     })
   const inPlace: Work<E, R> = (records, tp) => withPending((pending) => inPlaceIn(pending, records, tp))
@@ -442,7 +475,7 @@ export const makeRouter = <E, R>(
       return Effect.fail(first)
     })
     return Effect.catchAll(
-      Effect.zipLeft(retry(attempt), handled(tp, record.offset)),
+      Effect.zipLeft(retry(attempt), Effect.zipRight(Effect.sync(() => succeeded(tp, one)), handled(tp, record.offset))),
       (failure) => Effect.flatMap(errorOf(failure), (failure) => park(pending, tp, record, failure.error))
     )
   }
@@ -463,7 +496,10 @@ export const makeRouter = <E, R>(
           mode === "once"
             ? park(pending, tp, record, failure.error, i === 0)
             : Effect.matchEffect(counted(tp, Chunk.of(record), work(Chunk.of(record), tp)), {
-              onSuccess: () => handled(tp, record.offset),
+              onSuccess: () => {
+                succeeded(tp, Chunk.of(record))
+                return handled(tp, record.offset)
+              },
               onFailure: (again) => Effect.flatMap(errorOf(again), (again) => single(pending, record, tp, again))
             }),
         { discard: true }
@@ -488,7 +524,7 @@ export const makeRouter = <E, R>(
   const rerun: Work<E, R> = (records, tp) => {
     const state = partitions.get(TopicPartition.key(tp))
     if (state === undefined || state.poisoned.size === 0) {
-      return Effect.zipLeft(counted(tp, records, work(records, tp)), handled(tp, lastOf(records)))
+      return Effect.zipLeft(counted(tp, records, work(records, tp)), handledAll(tp, records))
     }
     return withPending((pending) => Effect.suspend(() => {
       const steps: Array<Effect.Effect<void, HandlerFailure<E> | Fatal, R>> = []
@@ -496,7 +532,7 @@ export const makeRouter = <E, R>(
       const flush = () => {
         if (run.length === 0) return
         const part = Chunk.unsafeFromArray(run)
-        steps.push(Effect.zipLeft(counted(tp, part, work(part, tp)), handled(tp, lastOf(part))))
+        steps.push(Effect.zipLeft(counted(tp, part, work(part, tp)), handledAll(tp, part)))
         run = []
       }
       for (const record of records) {
@@ -521,6 +557,11 @@ export const makeRouter = <E, R>(
       return true
     },
     passed: (tp, position) => {
+      const counts = attempts.get(TopicPartition.key(tp))
+      if (counts !== undefined) {
+        for (const offset of counts.keys()) if (offset < position) counts.delete(offset)
+        if (counts.size === 0) attempts.delete(TopicPartition.key(tp))
+      }
       const state = partitions.get(TopicPartition.key(tp))
       if (state === undefined || (state.poisoned.size === 0 && state.written.size === 0)) return
       for (const offset of state.poisoned.keys()) if (offset < position) state.poisoned.delete(offset)
@@ -528,6 +569,13 @@ export const makeRouter = <E, R>(
     },
     reset: (tp) => {
       partitions.delete(TopicPartition.key(tp))
+      attempts.delete(TopicPartition.key(tp))
+    },
+    remembered: () => {
+      let n = 0
+      for (const counts of attempts.values()) n += counts.size
+      for (const state of partitions.values()) n += state.poisoned.size + state.written.size
+      return n
     }
   }
 }

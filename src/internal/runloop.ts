@@ -37,6 +37,7 @@ import { concurrently, keyText, type Ordering } from "./ordering.js"
 import * as Permits from "./permits.js"
 import { Progress, type Range } from "./progress.js"
 import { retryAfterFailure } from "./retry.js"
+import * as StuckWorkers from "./stuckWorkers.js"
 import {
   HandlerFailure,
   makeRouter,
@@ -275,7 +276,7 @@ const consume = <E, R, EH, RH>(
     const commitPolicy = yield* CommitPolicy
     const faults = yield* Effect.serviceOption(Faults)
     /** Workers of revoked partitions that did not stop when interrupted, by partition. */
-    const abandoned = new Map<string, Fiber.RuntimeFiber<void>>()
+    const abandoned = StuckWorkers.make()
     const reconnectSchedule = Schedule.exponential(Duration.millis(100)).pipe(
       Schedule.union(Schedule.spaced(Duration.seconds(5))),
       Schedule.upTo(config.reconnectTimeout)
@@ -321,7 +322,7 @@ interface Environment {
   readonly driver: Context.Tag.Service<Driver>
   readonly commitPolicy: Context.Tag.Service<CommitPolicy>
   readonly faults: Option.Option<Context.Tag.Service<Faults>>
-  readonly abandoned: Map<string, Fiber.RuntimeFiber<void>>
+  readonly abandoned: StuckWorkers.StuckWorkers
   /** When provided: metrics, spans and lag. */
   readonly observability: Option.Option<Context.Tag.Service<typeof Observability>>
   /** Bounds the handler calls in flight over all partitions under `key` and `unordered` ordering. */
@@ -928,7 +929,7 @@ const runSession = <E, R, EH, RH>(
       Effect.gen(function*() {
         yield* Fiber.interruptFork(fiber)
         if (Option.isSome(yield* within(Fiber.await(fiber), config.stepTimeout))) return
-        abandoned.set(state.key, fiber)
+        abandoned.add(state.key, fiber)
         yield* Effect.logWarning(
           `${phase}: the work of ${state.key} did not stop within ${Duration.format(config.stepTimeout)} of its ` +
             "interruption (it is in an uninterruptible region): it is left to end on its own, and nothing it does " +
@@ -981,6 +982,7 @@ const runSession = <E, R, EH, RH>(
             )
           }
           owned.delete(state.key)
+          router?.reset(state.tp)
           if (Option.isNone(yield* within(Scope.close(state.scope, Exit.void), config.stepTimeout))) {
             yield* Effect.logWarning(
               `${phase}: the finalizers of ${state.key}'s scope did not finish within ` +
