@@ -26,8 +26,32 @@ export class Progress {
   /**
    * `position`: where the partition starts; `skip`: ranges above it that an earlier owner finished (sorted, apart).
    */
-  constructor(position: bigint, private readonly skip: ReadonlyArray<Range> = []) {
+  constructor(position: bigint, private skip: ReadonlyArray<Range> = []) {
     this.end = position
+  }
+
+  /**
+   * The partition starts again at `position`, below where it had come: its log was cut back (an unclean leader
+   * election) and the offsets from `position` on will hold other records. What was added at or above `position` no
+   * longer counts, finished or not: those entries become empty and finished (indexes handed out stay valid, and work
+   * still in flight on them moves nothing), a range that reached past `position` ends there, and so do the ranges an
+   * earlier owner finished. The next range added starts at `position`.
+   */
+  rewind(position: bigint): void {
+    this.skip = cut(this.skip, position)
+    this.skipAt = 0
+    if (position >= this.end) return
+    for (let i = this.head; i < this.starts.length; i++) {
+      if (this.starts[i]! >= position) {
+        this.starts[i] = position
+        this.ends[i] = position
+        this.done[i] = true
+      } else if (this.ends[i]! > position) {
+        this.ends[i] = position
+      }
+    }
+    this.end = position
+    while (this.head < this.done.length && this.done[this.head]) this.head++
   }
 
   /** Records added and not yet behind the position: what the partition would handle again after a crash, at most. */
@@ -104,10 +128,23 @@ export class Progress {
       }
       const from = this.starts[i]!
       while (i < this.done.length && this.done[i]) i++
-      out.push([from, this.ends[i - 1]!])
+      // Entries emptied by a rewind cover nothing.
+      if (this.ends[i - 1]! > from) out.push([from, this.ends[i - 1]!])
     }
     return out
   }
+}
+
+/** Ranges (sorted, apart) below `position`: a range that reaches past it ends there. */
+const cut = (ranges: ReadonlyArray<Range>, position: bigint): ReadonlyArray<Range> => {
+  const last = ranges[ranges.length - 1]
+  if (last === undefined || last[1] <= position) return ranges
+  const out: Array<Range> = []
+  for (const [from, until] of ranges) {
+    if (from >= position) break
+    out.push(until > position ? [from, position] : [from, until])
+  }
+  return out
 }
 
 /** What a position's metadata starts with when it carries finished ranges of this library. */

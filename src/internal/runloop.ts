@@ -135,6 +135,11 @@ interface Fetched {
   readonly records: Chunk.Chunk<ConsumerRecord>
   /** Where the partition continues after these records (past offsets that held nothing to read). */
   readonly next: bigint
+  /**
+   * No records: the partition starts again at `next`, below where it had come (its log was cut back). Handed to the
+   * worker in its place among the chunks, so that what was fetched before it is forgotten before what comes after.
+   */
+  readonly rewind?: true
 }
 
 interface PartitionState {
@@ -597,7 +602,11 @@ const runSession = <E, R, EH, RH>(
       const next = (chunks: Chunk.Chunk<Fetched>, at: number, done: boolean): Step => {
         if (state.stopping || (done && at === Chunk.size(chunks))) return Effect.void
         if (at === Chunk.size(chunks)) return loop
-        const { next: position, records: fetched } = Chunk.unsafeGet(chunks, at)
+        const { next: position, records: fetched, rewind } = Chunk.unsafeGet(chunks, at)
+        if (rewind) {
+          state.skip?.rewind(position)
+          return next(chunks, at + 1, done)
+        }
         const records = state.skip === undefined ? fetched : withoutFinished(state, fetched)
         return (retrying(state.tp) ? whenDue(state, records, position) : kept(state, records, position)).pipe(
           Effect.flatMap((kept) => {
@@ -794,7 +803,12 @@ const runSession = <E, R, EH, RH>(
       const dispatch = (chunks: Chunk.Chunk<Fetched>) => {
         let finished = 0
         let moved = false
-        for (const { next, records } of chunks) {
+        for (const { next, records, rewind } of chunks) {
+          if (rewind) {
+            progress.rewind(next)
+            moved = true
+            continue
+          }
           if (Chunk.isEmpty(records)) {
             progress.add(next, true)
             moved = true
@@ -1098,6 +1112,9 @@ const runSession = <E, R, EH, RH>(
           return yield* new DriverError({ operation: "offsets", reason: `no offsets for ${state.key}`, retriable: true })
         }
         const position = yield* reset(event.partition, event.position, range)
+        // Back below where the partition had come (its log was cut back): what was fetched from `position` on is not
+        // the log any more, and what finished of it must not move the position past the records written there now.
+        if (position < state.next) state.queue.unsafeOffer({ records: Chunk.empty(), next: position, rewind: true })
         state.next = position
         yield* guard(session.seek(event.partition, position))
       })
