@@ -67,7 +67,8 @@ export const json = <A, I, R>(schema: Schema.Schema<A, I, R>): Schema.Schema<A, 
  * @category models
  */
 export interface RecordSchemas {
-  // The encoded side is what each schema says it is: any `I` is accepted here, the bytes are checked when decoding.
+  // Any encoded side is accepted here: `decoder` checks the bytes it is given when decoding, and `encoder` narrows
+  // this to what Kafka carries (`Writable`).
   readonly key?: Schema.Schema<any, any, any> | undefined
   readonly value?: Schema.Schema<any, any, any> | undefined
   readonly headers?: Schema.Schema<any, any, any> | undefined
@@ -104,8 +105,6 @@ export interface Decoded<S extends RecordSchemas> {
   readonly record: ConsumerRecord
 }
 
-const formatted = (error: ParseResult.ParseError) => ParseResult.TreeFormatter.formatErrorSync(error)
-
 /**
  * Decodes records with `schemas`; a part that does not decode fails with `DecodeFailed` naming it.
  *
@@ -126,7 +125,7 @@ export const decoder = <const S extends RecordSchemas>(
           partition: record.partition,
           offset: record.offset,
           field,
-          reason: formatted(error)
+          cause: error
         }))
   }
   const key = part("key")
@@ -149,6 +148,43 @@ export const decoder = <const S extends RecordSchemas>(
 }
 
 /**
+ * What Kafka carries in each part of a record the producer writes: a key of bytes, text (written as UTF-8) or none, a
+ * value of bytes, text or `null` (a tombstone), headers of bytes or text each. An encoder's schemas must encode to
+ * these.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export interface Carried {
+  readonly key: Uint8Array | string | null | undefined
+  readonly value: Uint8Array | string | null
+  readonly headers: Readonly<Record<string, Uint8Array | string>>
+}
+
+/**
+ * What a part's schema is told when its encoded side is not what Kafka carries.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type NotCarried<F extends keyof Carried> = F extends "headers"
+  ? "the headers schema must encode to an object of header names to Uint8Array or string"
+  : `the ${F} schema must encode to Uint8Array, string or null`
+
+/**
+ * The schemas, with each one whose encoded side Kafka cannot carry replaced by {@link NotCarried}: what `encoder`
+ * asks for, so that such a schema does not compile.
+ *
+ * @since 0.2.0
+ * @category models
+ */
+export type Writable<S extends RecordSchemas> = {
+  readonly [F in keyof S]: F extends keyof Carried
+    ? [Schema.Schema.Encoded<Exclude<S[F], undefined>>] extends [Carried[F]] ? S[F] : NotCarried<F>
+    : S[F]
+}
+
+/**
  * A record to write, its parts as the schemas take them.
  *
  * @since 0.1.0
@@ -163,22 +199,51 @@ export interface Encodable<S extends RecordSchemas> {
   readonly timestamp?: number | undefined
 }
 
+const isText = (u: unknown): u is Uint8Array | string => u instanceof Uint8Array || typeof u === "string"
+
+const isPlainObject = (u: unknown): u is object => {
+  if (typeof u !== "object" || u === null) return false
+  const prototype = Object.getPrototypeOf(u)
+  return prototype === Object.prototype || prototype === null
+}
+
+const headerValues = Schema.validate(
+  Schema.Record({ key: Schema.String, value: Schema.declare(isText, { identifier: "Uint8Array | string" }) })
+)
+const plainObject = Schema.validate(Schema.declare(isPlainObject, { identifier: "a plain object of headers" }))
+
+/**
+ * The encoded side of each part, checked once more for a caller that got past the types: anything else would be sent
+ * as something it is not, or not at all (a number, a `Map` of headers, whose entries are not its properties).
+ */
+const carried: Record<keyof Carried, (encoded: unknown) => Effect.Effect<unknown, ParseResult.ParseError>> = {
+  key: Schema.validate(
+    Schema.declare((u): u is Carried["key"] => u == null || isText(u), { identifier: "Uint8Array | string | null" })
+  ),
+  value: Schema.validate(
+    Schema.declare((u): u is Carried["value"] => u === null || isText(u), { identifier: "Uint8Array | string | null" })
+  ),
+  headers: (encoded) => Effect.zipRight(plainObject(encoded), headerValues(encoded))
+}
+
 /**
  * Encodes records with `schemas`, for `Producer.send`; a part that does not encode fails with `EncodeFailed` naming
- * it. Parts without a schema are written as given.
+ * it. Parts without a schema are written as given. Each schema must encode to what Kafka carries ({@link Carried}):
+ * one that does not, a number key say, does not compile, and fails with `EncodeFailed` when the types are bypassed.
  *
  * @since 0.1.0
  * @category encoding
  */
 export const encoder = <const S extends RecordSchemas>(
-  schemas: S
+  schemas: S & Writable<S>
 ): (record: Encodable<S>) => Effect.Effect<ProducerRecord, EncodeFailed, Context<S>> => {
   const part = (field: "key" | "value" | "headers") => {
-    const schema = schemas[field]
+    const schema: Schema.Schema<any, any, any> | undefined = schemas[field]
     if (schema === undefined) return undefined
     const encode = Schema.encode(schema)
+    const check = carried[field]
     return (topic: string, input: unknown): Effect.Effect<unknown, EncodeFailed, unknown> =>
-      Effect.mapError(encode(input), (error) => new EncodeFailed({ topic, field, reason: formatted(error) }))
+      Effect.mapError(Effect.tap(encode(input), check), (cause) => new EncodeFailed({ topic, field, cause }))
   }
   const key = part("key")
   const value = part("value")

@@ -35,6 +35,7 @@
  */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Schema from "effect/Schema"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
 import { Driver } from "./Driver.js"
 import type { CommitFailed, DriverError, ProduceFailed } from "./KafkaError.js"
@@ -275,8 +276,9 @@ export const deadLettered = (record: ConsumerRecord): DeadLettered | undefined =
 }
 
 /**
- * What a replay did: records written back to their source topics, and records of the dead-letter topic that carried
- * no dead-letter headers (written there by something else), which were left where they are.
+ * What a replay did: records written back to their source topics, records of the dead-letter topic that carried no
+ * dead-letter headers (written there by something else), which were left where they are, and records removed from
+ * the dead-letter topic (by retention or `deleteRecords`) before they could be replayed.
  *
  * @since 0.1.0
  * @category models
@@ -284,6 +286,42 @@ export const deadLettered = (record: ConsumerRecord): DeadLettered | undefined =
 export interface Replayed {
   readonly replayed: number
   readonly foreign: number
+  /**
+   * Offsets of the dead-letter topic, up to where the replay ended, that its log no longer held when the replay came
+   * to them: the records there were removed before anyone replayed them. A transaction's marker takes an offset too,
+   * so this is the most records that can have been lost. The replay went on from the log's earliest offset.
+   *
+   * @since 0.2.0
+   */
+  readonly removed: number
+}
+
+/**
+ * A replay stopped before the end of its dead-letter topic because partitions it had not finished left it: revoked
+ * (another member joined the group `groupId`) or lost (the member was evicted, after a pause longer than its session
+ * say). What it replayed until then is committed: running the replay again goes on from there. `replayed`, `foreign`
+ * and `removed` count what it did before it stopped.
+ *
+ * @since 0.2.0
+ * @category errors
+ */
+export class ReplayStopped extends Schema.TaggedError<ReplayStopped>()("ReplayStopped", {
+  topic: Schema.String,
+  groupId: Schema.String,
+  reason: Schema.Literal("Revoked", "Lost"),
+  partitions: Schema.Array(Schema.Struct({ topic: Schema.String, partition: Schema.Number })),
+  replayed: Schema.Number,
+  foreign: Schema.Number,
+  removed: Schema.Number
+}) {
+  override get message(): string {
+    const which = this.partitions.map((tp) => `${tp.topic}-${tp.partition}`).join(", ")
+    const why = this.reason === "Revoked"
+      ? `were revoked: another member joined the group "${this.groupId}"`
+      : "were lost: the member was evicted from its group"
+    return `The replay of ${this.topic} stopped: partitions ${which} ${why}. The ${this.replayed} record(s) replayed ` +
+      "before are committed; run the replay again, alone in its group, to go on"
+  }
 }
 
 /**
@@ -293,6 +331,12 @@ export interface Replayed {
  * it replays only what was dead-lettered since. `filter` picks the records to replay; the others are passed over.
  * A crash repeats at most the records written since the last commit (at-least-once).
  *
+ * Records removed from the topic before the replay came to them (retention, `deleteRecords`) cannot be replayed: the
+ * replay goes on from the log's earliest offset, counts them in `removed` and logs a warning naming the partition.
+ * The replay must be its group's only member: if a partition it has not finished is revoked (another member joined)
+ * or lost (it was evicted), it stops with `ReplayStopped`, having committed what it replayed, rather than leave part
+ * of the topic to a member that may not be replaying it.
+ *
  * @since 0.1.0
  * @category dead letters
  */
@@ -300,7 +344,7 @@ export const replay = (options: {
   readonly topic: string
   readonly groupId: string
   readonly filter?: ((letter: DeadLettered) => boolean) | undefined
-}): Effect.Effect<Replayed, DriverError | CommitFailed | ProduceFailed, Driver | Producer> =>
+}): Effect.Effect<Replayed, DriverError | CommitFailed | ProduceFailed | ReplayStopped, Driver | Producer> =>
   Effect.scoped(Effect.gen(function*() {
     const driver = yield* Driver
     const producer = yield* Producer
@@ -314,12 +358,41 @@ export const replay = (options: {
       rebalanceTimeout: Duration.seconds(30),
       isolationLevel: "read_committed"
     })
+    // Where each partition ends for this replay: its latest offset when the replay first owned it.
     const ends = new Map<string, bigint>()
     const positions = new Map<string, bigint>()
     let assigned = false
     let replayed = 0
     let foreign = 0
-    const caughtUp = () => assigned && [...ends].every(([k, end]) => (positions.get(k) ?? 0n) >= end)
+    let removed = 0n
+    const finished = (k: string) => (positions.get(k) ?? 0n) >= (ends.get(k) ?? 0n)
+    const caughtUp = () => assigned && [...ends.keys()].every(finished)
+    /** Partitions that left the replay: finished ones are let go; any other stops it. */
+    const left = (reason: "Revoked" | "Lost", partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+      Effect.suspend(() => {
+        const unfinished = partitions.filter((tp) => {
+          const k = TopicPartition.key(tp)
+          return ends.has(k) && !finished(k)
+        })
+        if (unfinished.length > 0) {
+          return Effect.fail(
+            new ReplayStopped({
+              topic: options.topic,
+              groupId: options.groupId,
+              reason,
+              partitions: unfinished.map((tp) => ({ topic: tp.topic, partition: tp.partition })),
+              replayed,
+              foreign,
+              removed: Number(removed)
+            })
+          )
+        }
+        for (const tp of partitions) {
+          ends.delete(TopicPartition.key(tp))
+          positions.delete(TopicPartition.key(tp))
+        }
+        return Effect.void
+      })
     while (!caughtUp()) {
       for (const event of yield* session.poll) {
         if (event._tag === "Assigned") {
@@ -330,7 +403,7 @@ export const replay = (options: {
             const k = TopicPartition.key(tp)
             const range = offsets.get(k)
             const start = committed.get(k) ?? range?.earliest ?? 0n
-            ends.set(k, range?.latest ?? 0n)
+            if (!ends.has(k)) ends.set(k, range?.latest ?? 0n)
             positions.set(k, start)
             yield* session.seek(tp, start)
           }
@@ -355,11 +428,36 @@ export const replay = (options: {
           replayed += writes.length
           yield* session.commit(OffsetBatch.of(event.partition, event.next))
           positions.set(TopicPartition.key(event.partition), event.next)
+        } else if (event._tag === "OutOfRange") {
+          // The log no longer holds the position (retention, deleteRecords; or it was truncated below it): what it
+          // held is gone, the rest is replayed from the earliest offset, which is committed so that the next replay
+          // does not count the same loss again.
+          const tp = event.partition
+          const k = TopicPartition.key(tp)
+          const earliest = (yield* session.offsets([tp])).get(k)?.earliest ?? 0n
+          const end = ends.get(k) ?? 0n
+          const lost = (earliest < end ? earliest : end) - event.position
+          if (lost > 0n) removed += lost
+          yield* Effect.logWarning(
+            `${k}: replay position ${event.position} is outside the log, which begins at ${earliest}; ` +
+              (lost > 0n
+                ? `${lost} offset(s) were removed before they were replayed. Going on from ${earliest}`
+                : `going on from ${earliest}`)
+          )
+          yield* session.seek(tp, earliest)
+          yield* session.commit(OffsetBatch.of(tp, earliest))
+          positions.set(k, earliest)
+        } else if (event._tag === "Revoked") {
+          // Everything replayed is committed already: releasing loses nothing, and does not hold up the next owner.
+          yield* event.release
+          yield* left("Revoked", event.partitions)
+        } else {
+          yield* left("Lost", event.partitions)
         }
       }
     }
     if (foreign > 0) {
       yield* Effect.logWarning(`${foreign} record(s) of ${options.topic} had no dead-letter headers and were not replayed`)
     }
-    return { replayed, foreign }
+    return { replayed, foreign, removed: Number(removed) }
   }))

@@ -2,6 +2,7 @@
  * @since 0.1.0
  */
 import * as Data from "effect/Data"
+import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 
 const Partition = Schema.Struct({ topic: Schema.String, partition: Schema.Number })
@@ -196,9 +197,10 @@ export class WorkerStuck extends Schema.TaggedError<WorkerStuck>()("WorkerStuck"
 
 /**
  * A record could not be decoded by the consumer's schemas. `field` names what did not decode (`"key"`, `"value"` or
- * `"headers"`), `reason` is the Schema's `ParseError`, formatted (it names the path inside the field). It is routed
- * like any failure of the handler, without retries (decoding the same bytes again gives the same answer): under the
- * `stop` route the consumer ends with it in `HandlerFailed`; under `deadLetter` the record is dead-lettered as it was.
+ * `"headers"`), `cause` is the Schema's `ParseError` (match on its `issue`, or format it your own way), `reason` and
+ * the message give it formatted (it names the path inside the field). It is routed like any failure of the handler,
+ * without retries (decoding the same bytes again gives the same answer): under the `stop` route the consumer ends
+ * with it in `HandlerFailed`; under `deadLetter` the record is dead-lettered as it was.
  *
  * @since 0.1.0
  * @category errors
@@ -208,8 +210,17 @@ export class DecodeFailed extends Schema.TaggedError<DecodeFailed>()("DecodeFail
   partition: Schema.Number,
   offset: Schema.BigIntFromSelf,
   field: Schema.String,
-  reason: Schema.String
+  cause: Schema.instanceOf(ParseResult.ParseError)
 }) {
+  /**
+   * The `ParseError`, formatted as a tree.
+   *
+   * @since 0.1.0
+   */
+  get reason(): string {
+    return ParseResult.TreeFormatter.formatErrorSync(this.cause)
+  }
+
   override get message(): string {
     return `Cannot decode the ${this.field} of ${this.topic}-${this.partition}@${this.offset}: ${this.reason}`
   }
@@ -262,7 +273,9 @@ export class RecordNotInChunk<out E = unknown> extends Data.TaggedError("RecordN
 
 /**
  * A value could not be encoded by the producer's schemas for `topic`; `field` names what (`"key"`, `"value"` or
- * `"headers"`), `reason` is the Schema's `ParseError`, formatted. Nothing was sent.
+ * `"headers"`), `cause` is the Schema's `ParseError`, `reason` and the message give it formatted. A schema whose
+ * encoded side is not what Kafka carries (bytes, a string or `null`; for headers, bytes or a string per header) fails
+ * here too, the `ParseError` naming what it gave instead. Nothing was sent.
  *
  * @since 0.1.0
  * @category errors
@@ -270,8 +283,17 @@ export class RecordNotInChunk<out E = unknown> extends Data.TaggedError("RecordN
 export class EncodeFailed extends Schema.TaggedError<EncodeFailed>()("EncodeFailed", {
   topic: Schema.String,
   field: Schema.String,
-  reason: Schema.String
+  cause: Schema.instanceOf(ParseResult.ParseError)
 }) {
+  /**
+   * The `ParseError`, formatted as a tree.
+   *
+   * @since 0.1.0
+   */
+  get reason(): string {
+    return ParseResult.TreeFormatter.formatErrorSync(this.cause)
+  }
+
   override get message(): string {
     return `Cannot encode the ${this.field} of a record for ${this.topic}: ${this.reason}`
   }

@@ -84,7 +84,10 @@ export interface LagSnapshot {
   readonly memberId: string
   /** Milliseconds since the epoch, on the consumer's clock. */
   readonly at: number
-  /** The member's partitions, by topic and partition; empty once the member owns none (it stopped, say). */
+  /**
+   * The member's partitions, by topic and partition; empty once the member owns none. A session's last snapshot, when
+   * it ends, is empty; so is the last one of a member id the session left behind when it rejoined under a new one.
+   */
   readonly partitions: ReadonlyArray<PartitionLag>
 }
 
@@ -99,7 +102,10 @@ export class Observability extends Context.Tag("effect-kafka-delivery/Observabil
   readonly spans: boolean
   readonly traceContext: boolean
   readonly lagInterval: Duration.Duration
-  /** Every snapshot reported from now on, after the latest of each member that reported one. */
+  /**
+   * Every snapshot reported from now on, after the latest of each member that owns partitions: a member that ended
+   * (or owns none at the moment) is not among them.
+   */
   readonly lag: Stream.Stream<LagSnapshot>
   /** What a consumer calls with its snapshot. */
   readonly report: (snapshot: LagSnapshot) => Effect.Effect<void>
@@ -133,7 +139,11 @@ export const layer = (options: Options = {}): Layer.Layer<Observability, Invalid
           Stream.concat(Stream.fromIterable(Array.from(latest.values())), Stream.fromQueue(subscription)))),
         report: (snapshot) =>
           Effect.suspend(() => {
-            latest.set(`${snapshot.groupId}\u0000${snapshot.memberId}`, snapshot)
+            // A member that owns nothing has no lag to show a later subscriber, and one that ended (its last snapshot
+            // owns nothing) reports nothing more: keeping it would grow the map with every restart and rejoin.
+            const key = `${snapshot.groupId}\u0000${snapshot.memberId}`
+            if (snapshot.partitions.length === 0) latest.delete(key)
+            else latest.set(key, snapshot)
             return PubSub.publish(snapshots, snapshot)
           })
       }
@@ -141,8 +151,9 @@ export const layer = (options: Options = {}): Layer.Layer<Observability, Invalid
   )
 
 /**
- * The lag snapshots of the consumers running with `Observability.layer`: the latest of each member first, then each
- * one as it is reported. With `groupId`, only that group's.
+ * The lag snapshots of the consumers running with `Observability.layer`: the latest of each member that owns
+ * partitions first (members that ended are forgotten), then each one as it is reported. With `groupId`, only that
+ * group's.
  *
  * @since 0.1.0
  * @category lag

@@ -242,7 +242,7 @@ describe("the dead-letter route", () => {
       yield* InMemoryKafka.produce(dlq, [{ value: "written by hand", partition: 0 }])
 
       const first = yield* FailureRoute.replay({ topic: dlq, groupId: "replayer" })
-      assert.deepStrictEqual(first, { replayed: poisonOffsets.length, foreign: 1 })
+      assert.deepStrictEqual(first, { replayed: poisonOffsets.length, foreign: 1, removed: 0 })
       const source0 = (yield* readTopic(source, 1))[0]!
       const back = source0.slice(produced)
       assert.deepStrictEqual(back.map(valueString), poisonOffsets.map((i) => source0[i]!.value).map((v) => new TextDecoder().decode(v!)))
@@ -250,7 +250,7 @@ describe("the dead-letter route", () => {
       assert.deepStrictEqual(back.map((r) => textOf(r, "trace-id")), poisonOffsets.map((i) => `t-${i}`))
 
       const second = yield* FailureRoute.replay({ topic: dlq, groupId: "replayer" })
-      assert.deepStrictEqual(second, { replayed: 0, foreign: 0 })
+      assert.deepStrictEqual(second, { replayed: 0, foreign: 0, removed: 0 })
       const onlyRefused = yield* FailureRoute.replay({
         topic: dlq,
         groupId: "replayer-2",

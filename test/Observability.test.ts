@@ -341,6 +341,98 @@ describe("Observability: lag", () => {
     }).pipe(Effect.provide(Layer.mergeAll(InMemoryKafka.layer(), OffsetStore.layerMemory, observed))))
 })
 
+describe("Observability: lag of members that ended", () => {
+  const commitAfter = CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "20 millis" })
+
+  /** The first snapshot reported after now by a member that owns partitions and passes `which`. */
+  const snapshotOf = (groupId: string, which: (memberId: string) => boolean) =>
+    Effect.gen(function*() {
+      const now = yield* Clock.currentTimeMillis
+      const next = yield* Observability.lag({ groupId }).pipe(
+        Stream.filter((s) => s.at > now && s.partitions.length > 0 && which(s.memberId)),
+        Stream.runHead,
+        Effect.timeoutFail({ duration: "5 seconds", onTimeout: () => new Error(`no such lag snapshot of ${groupId}`) })
+      )
+      return Option.getOrThrow(next)
+    })
+
+  /** What a subscriber that comes now gets first: the snapshots kept, up to the first of `until`'s member. */
+  const keptUntil = (groupId: string, until: string) =>
+    Observability.lag({ groupId }).pipe(
+      Stream.takeUntil((s) => s.memberId === until),
+      Stream.runCollect,
+      Effect.map(Chunk.toReadonlyArray),
+      Effect.timeoutFail({ duration: "5 seconds", onTimeout: () => new Error(`no snapshot of ${until}`) })
+    )
+
+  it.live("ended sessions are forgotten: a later subscriber gets only the live member, an early one saw each end", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-ended")
+      const groupId = fresh("g")
+      yield* InMemoryKafka.createTopic(topic, 2)
+      yield* produce(topic, 2, 10)
+      const member = Consumer.run({ groupId, topics: [topic] }, () => Effect.void).pipe(
+        Effect.provide(commitAfter),
+        Effect.fork
+      )
+      const early: Array<Observability.LagSnapshot> = []
+      yield* Effect.fork(Stream.runForEach(Observability.lag({ groupId }), (s) => Effect.sync(() => early.push(s))))
+      // A consumer that restarts again and again: each session a member of its own, ended once it reported its lag.
+      const ended: Array<string> = []
+      for (let i = 0; i < 20; i++) {
+        const fiber = yield* member
+        const { memberId } = yield* snapshotOf(groupId, () => true)
+        const heard = Effect.sync(() => early.some((s) => s.memberId === memberId))
+        yield* eventually("the early subscriber heard of it", heard)
+        ended.push(memberId)
+        yield* Fiber.interrupt(fiber)
+      }
+      assert.strictEqual(new Set(ended).size, 20)
+      const live = yield* member
+      const current = yield* snapshotOf(groupId, (id) => !ended.includes(id))
+
+      const kept = yield* keptUntil(groupId, current.memberId)
+      assert.deepStrictEqual(kept.map((s) => s.memberId), [current.memberId])
+      assert.deepStrictEqual(kept[0]!.partitions.map((p) => p.partition), [0, 1])
+      // The subscriber that was there all along was told each one ended: its last snapshot owns nothing.
+      for (const memberId of ended) {
+        assert.deepStrictEqual(early.filter((s) => s.memberId === memberId).at(-1)?.partitions, [], memberId)
+      }
+      yield* Fiber.interrupt(live)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
+
+  it.live("a member evicted and back under a new member id: its old id is forgotten, the new one shows", () =>
+    Effect.gen(function*() {
+      const topic = fresh("obs-rejoined")
+      const groupId = fresh("g")
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      yield* InMemoryKafka.createTopic(topic, 2)
+      yield* produce(topic, 2, 10)
+      const member = Consumer.run({ groupId, topics: [topic], sessionTimeout: "300 millis" }, () => Effect.void).pipe(
+        Effect.provide(commitAfter),
+        Effect.fork
+      )
+      const first = yield* member
+      const old = (yield* snapshotOf(groupId, () => true)).memberId
+      const second = yield* member
+      const other = (yield* snapshotOf(groupId, (id) => id !== old)).memberId
+      // The first member pauses past its session: the group evicts it; back, it rejoins in the same session.
+      yield* kafka.freeze(old)
+      yield* eventually(
+        "the paused member evicted",
+        Effect.map(kafka.members(groupId), (members) => !members.some((m) => m.memberId === old))
+      )
+      yield* kafka.thaw(old)
+      const rejoined = (yield* snapshotOf(groupId, (id) => id !== old && id !== other)).memberId
+
+      const kept = yield* keptUntil(groupId, rejoined)
+      assert.deepStrictEqual(kept.filter((s) => s.memberId === old), [], "the old member id is not kept")
+      assert.isNotEmpty(kept.at(-1)!.partitions)
+      yield* Fiber.interrupt(second)
+      yield* Fiber.interrupt(first)
+    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
+})
+
 describe("Observability: spans and trace context", () => {
   it.live("the producer's send span is linked from the span of the chunk its record was handled in", () => {
     const tracing = recordingTracer()

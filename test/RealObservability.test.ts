@@ -1,9 +1,11 @@
 /**
  * Observability on a real broker, through kafkajs: the lag read from the broker's latest offsets grows while the
  * consumer is held and falls to 0 once it catches up, and a trace id set by the producer reaches the span of the chunk
- * its record was handled in, through the record's `traceparent` header.
+ * its record was handled in, through the record's `traceparent` header; once the consumer ended, a later subscriber
+ * to the lag gets nothing of it.
  */
 import { assert, describe, it } from "@effect/vitest"
+import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
@@ -101,6 +103,23 @@ describe("observability against a real broker", () => {
       assert.isNotEmpty(linked, "a chunk span linked to the checkout's send span")
       assert.strictEqual(linked[0]!.links[0]!.span.traceId, checkout.traceId)
       yield* Fiber.interrupt(fiber)
+
+      // The consumer ended: a subscriber that comes now gets nothing of it (neither its member id from before it
+      // joined nor the one it had). A snapshot reported after the end marks where what was kept stops.
+      const observability = yield* Observability.Observability
+      const marker = unique("marker")
+      yield* observability.report({
+        groupId: marker,
+        memberId: "m",
+        at: 0,
+        partitions: [{ topic, partition: 0, position: 0n, latest: 0n, lag: 0n }]
+      })
+      const kept = yield* Observability.lag().pipe(
+        Stream.takeUntil((s) => s.groupId === marker),
+        Stream.runCollect,
+        Effect.timeoutFail({ duration: "5 seconds", onTimeout: () => new Error("the marker snapshot never came") })
+      )
+      assert.deepStrictEqual(Chunk.toReadonlyArray(kept).map((s) => s.groupId), [marker])
     }).pipe(Effect.provide(layer), Effect.scoped)
   }, 120_000)
 })

@@ -18,7 +18,7 @@ import type { ConsumerRecord } from "../ConsumerRecord.js"
 import type { DriverSession } from "../Driver.js"
 import { CommitFailed, ProduceFailed, TransactionFailed } from "../KafkaError.js"
 import type * as OffsetBatch from "../OffsetBatch.js"
-import { metrics, type Observability } from "../Observability.js"
+import { type LagSnapshot, metrics, type Observability } from "../Observability.js"
 import { Fenced } from "../OffsetStore.js"
 import type { ProducerRecord } from "../Producer.js"
 import * as TopicPartition from "../TopicPartition.js"
@@ -187,7 +187,28 @@ export interface ConsumerTelemetry {
 const isFenced = (error: unknown) =>
   error instanceof Fenced || (error instanceof TransactionFailed && error.reason === "Fenced")
 
-export const makeConsumer = (settings: Settings, groupId: string, clock: Clock.Clock): ConsumerTelemetry => {
+/**
+ * The settings with `report` telling a member id that the session left behind. A driver may give the session a new
+ * member id when it rejoins (after an eviction); the old id reports nothing more, so it is reported as owning nothing,
+ * which lets `Observability` forget it as it forgets a session that ended.
+ */
+const reportingOwnIds = (settings: Settings): Settings => {
+  let previous: LagSnapshot | undefined
+  return {
+    ...settings,
+    report: (snapshot) =>
+      Effect.suspend(() => {
+        const before = previous
+        previous = snapshot
+        return before !== undefined && before.memberId !== snapshot.memberId && before.partitions.length > 0
+          ? Effect.zipRight(settings.report({ ...before, at: snapshot.at, partitions: [] }), settings.report(snapshot))
+          : settings.report(snapshot)
+      })
+  }
+}
+
+export const makeConsumer = (given: Settings, groupId: string, clock: Clock.Clock): ConsumerTelemetry => {
+  const settings = reportingOwnIds(given)
   const group = new LabelSet([system, label("messaging.consumer.group.name", groupId)])
   const byPartition = new Map<string, PartitionTelemetry>()
   const byTopic = new Map<string, Map<string, Labels>>()
