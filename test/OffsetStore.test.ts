@@ -1,7 +1,10 @@
 import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as FileSystem from "@effect/platform/FileSystem"
 import { assert, describe, it } from "@effect/vitest"
+import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import { OutsideUnit } from "../src/internal/unitBuffer.js"
 import * as OffsetStore from "../src/OffsetStore.js"
@@ -126,4 +129,144 @@ describe("OffsetStore.append", () => {
       const claims = yield* claimFresh.pipe(Effect.provide(OffsetStore.layerMemory))
       assert.deepStrictEqual(claims.get("orders-0"), { epoch: 1n, position: null })
     }))
+})
+
+describe("OffsetStore.layerMemory", () => {
+  const orders0 = TopicPartition.make("orders", 0)
+  const orders1 = TopicPartition.make("orders", 1)
+
+  const claimOf = (partition: TopicPartition.TopicPartition) =>
+    Effect.flatMap(OffsetStore.OffsetStore, (store) => store.claim("g", [partition])).pipe(
+      Effect.map((claims) => claims.get(TopicPartition.key(partition))?.epoch ?? 0n)
+    )
+
+  const commitValues = (
+    partition: TopicPartition.TopicPartition,
+    epoch: bigint,
+    next: bigint,
+    values: ReadonlyArray<string>
+  ) =>
+    Effect.flatMap(OffsetStore.OffsetStore, (store) =>
+      store.commit({ groupId: "g", partition, epoch, next }, OffsetStore.append(values)))
+
+  it.effect("keeps each unit's results together, in commit order, when units of one owner commit side by side", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const epoch = yield* claimOf(orders0)
+      yield* commitValues(orders0, epoch, 1n, ["first"])
+      const gates = [yield* Deferred.make<void>(), yield* Deferred.make<void>(), yield* Deferred.make<void>()]
+      const appending = yield* Deferred.make<void>()
+      // Each unit appends twice, and their appends interleave; they commit in the order their gates open.
+      const fibers = yield* Effect.forEach([0, 1, 2], (i) =>
+        Effect.fork(store.commit(
+          { groupId: "g", partition: orders0, epoch, next: BigInt(i + 2) },
+          OffsetStore.append([`u${i}-a`]).pipe(
+            Effect.zipRight(Effect.yieldNow()),
+            Effect.zipRight(OffsetStore.append([`u${i}-b`, `u${i}-c`])),
+            Effect.zipRight(i === 2 ? Deferred.succeed(appending, undefined) : Effect.void),
+            Effect.zipRight(Deferred.await(gates[i]))
+          )
+        )))
+      // A unit whose work fails after appending, among them: nothing of it lands.
+      const failed = yield* store.commit(
+        { groupId: "g", partition: orders0, epoch, next: 9n },
+        OffsetStore.append(["failed-a", "failed-b"]).pipe(Effect.zipRight(Effect.fail("handler failed")))
+      ).pipe(Effect.exit)
+      assert.isTrue(Exit.isFailure(failed))
+      yield* Deferred.await(appending)
+      for (const i of [2, 0, 1]) {
+        yield* Deferred.succeed(gates[i], undefined)
+        yield* Fiber.join(fibers[i])
+      }
+      assert.deepStrictEqual(yield* OffsetStore.results("g", orders0), [
+        "first",
+        "u2-a",
+        "u2-b",
+        "u2-c",
+        "u0-a",
+        "u0-b",
+        "u0-c",
+        "u1-a",
+        "u1-b",
+        "u1-c"
+      ])
+      assert.strictEqual((yield* store.load("g", [orders0])).get("orders-0"), 4n)
+    }).pipe(Effect.provide(OffsetStore.layerMemory)))
+
+  it.effect("gives a read what had committed when it ran: later units do not change it", () =>
+    Effect.gen(function*() {
+      const epoch0 = yield* claimOf(orders0)
+      const epoch1 = yield* claimOf(orders1)
+      yield* commitValues(orders0, epoch0, 1n, ["a"])
+      yield* commitValues(orders1, epoch1, 1n, ["x"])
+      const partition = yield* OffsetStore.results("g", orders0)
+      const group = yield* OffsetStore.results("g")
+      yield* commitValues(orders0, epoch0, 2n, ["b"])
+      // A claim and a fenced unit of the earlier owner change nothing read before either.
+      const owner = yield* claimOf(orders0)
+      const fenced = yield* commitValues(orders0, epoch0, 3n, ["zombie"]).pipe(Effect.flip)
+      assert.instanceOf(fenced, OffsetStore.Fenced)
+      yield* commitValues(orders0, owner, 3n, ["c"])
+      assert.deepStrictEqual(partition, ["a"])
+      assert.deepStrictEqual(group, ["a", "x"])
+      assert.deepStrictEqual(yield* OffsetStore.results("g", orders0), ["a", "b", "c"])
+      assert.deepStrictEqual(yield* OffsetStore.results("g"), ["a", "b", "c", "x"])
+    }).pipe(Effect.provide(OffsetStore.layerMemory)))
+
+  it.effect("lands a unit of 200,000 results whole", () =>
+    Effect.gen(function*() {
+      const store = yield* OffsetStore.OffsetStore
+      const epoch = yield* claimOf(orders0)
+      const count = 200_000
+      const values = Array.from({ length: count }, (_, i) => `r-${i}`)
+      const chunks = Array.from({ length: count / 10_000 }, (_, i) => values.slice(i * 10_000, (i + 1) * 10_000))
+      const exit = yield* store.commit(
+        { groupId: "g", partition: orders0, epoch, next: BigInt(count) },
+        Effect.forEach(chunks, OffsetStore.append, { discard: true })
+      ).pipe(Effect.exit)
+      assert.isTrue(Exit.isSuccess(exit), `the unit failed: ${Exit.isFailure(exit) ? String(exit.cause) : ""}`)
+      const results = yield* OffsetStore.results("g", orders0)
+      assert.strictEqual(results.length, count)
+      assert.deepStrictEqual([results[0], results[count - 1]], ["r-0", `r-${count - 1}`])
+    }).pipe(Effect.provide(OffsetStore.layerMemory)))
+
+  // A store that copied a partition's results on every unit would make a long run quadratic: on a partition holding
+  // 500,000 results, each unit would copy them all (tens of milliseconds here), and the 2,000 units below would take
+  // minutes. Appending, they take what they take on an empty partition (about 100 ms). The loop stops at the bound, so
+  // a copying store fails in as long as the bound.
+  it.live("makes a unit cost what it adds, however many results its partition holds", () =>
+    Effect.gen(function*() {
+      const epoch0 = yield* claimOf(orders0)
+      const epoch1 = yield* claimOf(orders1)
+      const held = 500_000
+      for (let unit = 0; unit < held / 10_000; unit++) {
+        const values = Array.from({ length: 10_000 }, (_, i) => `held-${unit * 10_000 + i}`)
+        yield* commitValues(orders0, epoch0, BigInt((unit + 1) * 10_000), values)
+      }
+      const units = 2_000
+      const boundMs = 2_000
+      /** Commits up to `units` units of one result each, for at most `boundMs`; how many, in how long. */
+      const run = (partition: TopicPartition.TopicPartition, epoch: bigint, from: number) =>
+        Effect.gen(function*() {
+          const started = performance.now()
+          let done = 0
+          while (done < units && performance.now() - started < boundMs) {
+            yield* commitValues(partition, epoch, BigInt(from + done + 1), [`unit-${from + done}`])
+            done++
+          }
+          return { done, ms: performance.now() - started }
+        })
+      const onEmpty = yield* run(orders1, epoch1, 0)
+      const onFull = yield* run(orders0, epoch0, held)
+      assert.strictEqual(onEmpty.done, units, `on an empty partition, in ${boundMs} ms`)
+      assert.strictEqual(
+        onFull.done,
+        units,
+        `units committed in ${boundMs} ms on a partition holding ${held} results (an empty one took ` +
+          `${onEmpty.ms.toFixed(0)} ms for all ${units})`
+      )
+      const results = yield* OffsetStore.results("g", orders0)
+      assert.strictEqual(results.length, held + units)
+      assert.deepStrictEqual(results.slice(held - 1, held + 1), [`held-${held - 1}`, `unit-${held}`])
+    }).pipe(Effect.provide(OffsetStore.layerMemory)))
 })

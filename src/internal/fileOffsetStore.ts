@@ -44,6 +44,12 @@ import { fencedUnit, runUnit } from "./unitBuffer.js"
 // writer takes its k+1 back and reads the partition again. Segment 0 does not exist: a writer that linked segment 1
 // checks instead that the partition was never compacted (no `archive` directory, which the first compaction creates
 // before it deletes anything). This assumes what claims guarantee: one owner epoch belongs to one store.
+//
+// Crashes. A file's content is synced before it gets its name, and the directory that holds the name is synced after
+// it (so is the parent of every directory the store makes): a crash leaves a segment or an archive whole or absent,
+// never torn, and a unit that returned is there after it. What a crash leaves behind is never read: temporary files,
+// an archive whose checkpoint was never linked (the next compaction of its range deletes it), segments below the
+// newest checkpoint. test/FileStoreCrash.test.ts crashes a run after each of its file operations and checks this.
 
 const STORE = "file"
 const FORMAT_1 = "effect-kafka-delivery/offset-segment/1"
@@ -245,6 +251,14 @@ const decodeName = (name: string): Option.Option<string> => {
 const join = (directory: string, name: string): string =>
   directory.endsWith("/") ? `${directory}${name}` : `${directory}/${name}`
 
+/** The directory that holds `path` (itself for a root); either separator, as paths may come from any platform. */
+const parentOf = (path: string): string => {
+  const at = Math.max(path.lastIndexOf("/"), path.lastIndexOf("\\"))
+  if (at < 0) return "."
+  if (at === 0 || path[at - 1] === ":") return path.slice(0, at + 1)
+  return path.slice(0, at)
+}
+
 const pad = (sequence: number): string => String(sequence).padStart(SEQUENCE_DIGITS, "0")
 const segmentName = (sequence: number): string => `${pad(sequence)}.json`
 const archiveName = (range: Range): string => `${pad(range.first)}-${pad(range.last)}.json`
@@ -279,11 +293,17 @@ const corruptArchive = (operation: string, path: string, detail: string, cause?:
 /** A segment vanished while a read walked the chain: a compaction deleted it, and the read starts over. */
 class Moved extends Data.TaggedError("Moved")<{ readonly path: string }> {}
 
-/** @internal */
+/**
+ * `compactEvery` is for tests, which go through many compactions in a few units.
+ *
+ * @internal
+ */
 export const make = (
-  directory: string
+  directory: string,
+  options?: { readonly compactEvery?: number }
 ): Effect.Effect<Context.Context<OffsetStore | Results>, InvalidConfig | OffsetStoreError, FileSystem.FileSystem> =>
   Effect.gen(function*() {
+    const unitsPerCompaction = options?.compactEvery ?? compactEvery
     if (directory.trim() === "" || directory.includes("\u0000")) {
       return yield* new InvalidConfig({
         field: "directory",
@@ -293,9 +313,26 @@ export const make = (
     const fs = yield* FileSystem.FileSystem
     const root = directory.length > 1 ? directory.replace(/\/+$/, "") || "/" : directory
 
+    // A name in a directory (a new file's, a new directory's) is durable only once that directory is synced. This is
+    // done on a best-effort basis: not every platform lets a directory be opened and synced, and a file's own content
+    // is synced before it gets its name.
+    const syncDirectory = (directory: string) =>
+      Effect.scoped(Effect.flatMap(fs.open(directory, { flag: "r" }), (file) => file.sync)).pipe(Effect.ignore)
+
+    // The levels of the root that do not exist yet, the deepest first: each one made is synced into its parent, or a
+    // crash could take the whole store with it.
+    const missing: Array<string> = []
+    let level = root
+    while (!(yield* fs.exists(level).pipe(Effect.orElseSucceed(() => true)))) {
+      missing.push(level)
+      const parent = parentOf(level)
+      if (parent === level) break
+      level = parent
+    }
     yield* fs.makeDirectory(root, { recursive: true }).pipe(
       Effect.mapError((error) => storeError("open", `cannot create the directory ${root}: ${error.message}`, error))
     )
+    for (const made of missing) yield* syncDirectory(parentOf(made))
     const info = yield* fs.stat(root).pipe(Effect.mapError(ioError("open", root)))
     if (info.type !== "Directory") {
       return yield* storeError("open", `${root} is a ${info.type}, not a directory; give the store a directory`)
@@ -313,8 +350,9 @@ export const make = (
     }
 
     const groupDirectory = (groupId: string) => join(root, encodeName(groupId))
+    const topicDirectory = (groupId: string, topic: string) => join(groupDirectory(groupId), encodeName(topic))
     const partitionDirectory = (groupId: string, tp: TopicPartition.TopicPartition) =>
-      join(join(groupDirectory(groupId), encodeName(tp.topic)), String(tp.partition))
+      join(topicDirectory(groupId, tp.topic), String(tp.partition))
     const cacheKey = (groupId: string, tp: TopicPartition.TopicPartition) =>
       `${encodeName(groupId)}/${encodeName(tp.topic)}/${tp.partition}`
 
@@ -410,11 +448,6 @@ export const make = (
       return attempt(READ_ATTEMPTS)
     }
 
-    // The directory entry of a new file is made durable on a best-effort basis: not every platform lets a directory
-    // be opened and synced, and the file's own content was synced before it got its name.
-    const syncDirectory = (directory: string) =>
-      Effect.scoped(Effect.flatMap(fs.open(directory, { flag: "r" }), (file) => file.sync)).pipe(Effect.ignore)
-
     /** Writes `text` under `name` in `directory`, all or nothing; `false` when the name was taken already. */
     const createFile = (
       operation: string,
@@ -488,6 +521,11 @@ export const make = (
         const directory = partitionDirectory(groupId, tp)
         if (head.sequence === 0) {
           yield* fs.makeDirectory(directory, { recursive: true }).pipe(Effect.mapError(ioError(operation, directory)))
+          // The partition's directory may be new, and its topic's and group's too: their names are made durable
+          // before the first segment is, which a crash would otherwise lose with them.
+          yield* syncDirectory(topicDirectory(groupId, tp.topic))
+          yield* syncDirectory(groupDirectory(groupId))
+          yield* syncDirectory(root)
         }
         const sequence = head.sequence + 1
         const writtenAt = new Date(yield* Clock.currentTimeMillis).toISOString()
@@ -666,7 +704,9 @@ export const make = (
           if (linked._tag === "Linked") {
             head = linked.head
             heads.set(key, head)
-            if (head.sequence - head.checkpoint >= compactEvery) heads.set(key, yield* compact(groupId, tp, head))
+            if (head.sequence - head.checkpoint >= unitsPerCompaction) {
+              heads.set(key, yield* compact(groupId, tp, head))
+            }
             return
           }
           // Another store linked this sequence, or the name was free only because compaction had freed it: the loop

@@ -10,10 +10,14 @@ const STORE = "memory"
 
 interface PartitionState {
   readonly partition: TopicPartition.TopicPartition
-  readonly position: bigint | null
-  readonly epoch: bigint
-  readonly finished: ReadonlyArray<Range>
-  readonly results: ReadonlyArray<string>
+  position: bigint | null
+  epoch: bigint
+  finished: ReadonlyArray<Range>
+  /**
+   * The results of the committed units, in commit order. Appended to in place, never copied, so that a unit costs
+   * what it adds whatever the partition holds; reads copy it out.
+   */
+  readonly results: Array<string>
 }
 
 /** @internal */
@@ -48,19 +52,16 @@ export const make: Effect.Effect<Context.Context<OffsetStore | Results>> = Effec
       const claims = new Map<string, Claim>()
       for (const partition of partitions) {
         const key = TopicPartition.key(partition)
-        const state = stored.get(key)
-        const next: PartitionState = {
-          partition,
-          position: state?.position ?? null,
-          epoch: (state?.epoch ?? 0n) + 1n,
-          finished: state?.finished ?? [],
-          results: state?.results ?? []
+        let state = stored.get(key)
+        if (state === undefined) {
+          state = { partition, position: null, epoch: 0n, finished: [], results: [] }
+          stored.set(key, state)
         }
-        stored.set(key, next)
+        state.epoch += 1n
         claims.set(key, {
-          epoch: next.epoch,
-          position: next.position,
-          ...(next.finished.length === 0 ? {} : { finished: next.finished })
+          epoch: state.epoch,
+          position: state.position,
+          ...(state.finished.length === 0 ? {} : { finished: state.finished })
         })
       }
       return claims
@@ -80,13 +81,10 @@ export const make: Effect.Effect<Context.Context<OffsetStore | Results>> = Effec
           return Effect.fail(fencedUnit(unit, state?.epoch ?? null))
         }
         const { finished, position } = advance(state, unit)
-        partitions.set(key, {
-          partition: unit.partition,
-          position,
-          finished,
-          epoch: state.epoch,
-          results: entries.length === 0 ? state.results : [...state.results, ...entries]
-        })
+        state.position = position
+        state.finished = finished
+        // One by one: spreading a large unit into `push` would overflow the stack.
+        for (const entry of entries) state.results.push(entry)
         return Effect.succeed(value)
       })
     )
