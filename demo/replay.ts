@@ -47,7 +47,8 @@ const command = Command.make("replay", { topic, group, brokers, errorTag }, (arg
     )
     yield* Console.log(
       `${result.replayed} record(s) of ${args.topic} written back to their source topics` +
-        (result.foreign > 0 ? `; ${result.foreign} without dead-letter headers left where they are` : "")
+        (result.foreign > 0 ? `; ${result.foreign} without dead-letter headers left where they are` : "") +
+        (result.removed > 0 ? `; ${result.removed} removed from the topic before they could be replayed` : "")
     )
   }))
 

@@ -208,7 +208,8 @@ export const append = (entries: ReadonlyArray<unknown>): Effect.Effect<void, Off
           cause
         )
     }).pipe(Effect.map((texts) => {
-      buffer.entries.push(...texts)
+      // One at a time: a large batch spread into `push` overflows the stack.
+      for (const text of texts) buffer.entries.push(text)
     }))
   })
 

@@ -219,7 +219,8 @@ describe("OffsetStore.layerMemory", () => {
       const epoch = yield* claimOf(orders0)
       const count = 200_000
       const values = Array.from({ length: count }, (_, i) => `r-${i}`)
-      const chunks = Array.from({ length: count / 10_000 }, (_, i) => values.slice(i * 10_000, (i + 1) * 10_000))
+      // 180,000 in one call (a batch that large once overflowed the stack), the rest in batches of 10,000.
+      const chunks = [values.slice(0, 180_000), values.slice(180_000, 190_000), values.slice(190_000)]
       const exit = yield* store.commit(
         { groupId: "g", partition: orders0, epoch, next: BigInt(count) },
         Effect.forEach(chunks, OffsetStore.append, { discard: true })
