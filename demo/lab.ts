@@ -144,6 +144,11 @@ export const random = (seed: number) => {
 export interface Tally {
   readonly counts: Map<string, number>
   delivered: number
+  /**
+   * Records handed to a handler, whether or not it lived to finish them: how far the run has come, for the
+   * checkpoints (a policy that loses records under crashes delivers fewer than it goes through).
+   */
+  handed: number
   /** Progress points at which the handler waits until the workload has made its move (a member joins or leaves). */
   readonly checkpoints: Array<Checkpoint>
 }
@@ -154,13 +159,18 @@ export interface Checkpoint {
   readonly moved: Deferred.Deferred<void>
 }
 
-export const makeTally = (checkpoints: Array<Checkpoint> = []): Tally => ({ counts: new Map(), delivered: 0, checkpoints })
+export const makeTally = (checkpoints: Array<Checkpoint> = []): Tally => ({
+  counts: new Map(),
+  delivered: 0,
+  handed: 0,
+  checkpoints
+})
 
 /** Waits at a checkpoint the tally has just passed, so that rebalances happen mid-stream, not after it. */
 export const atCheckpoint = (tally: Tally) =>
   Effect.suspend(() => {
     const next = tally.checkpoints[0]
-    if (next === undefined || tally.delivered < next.at) return Effect.void
+    if (next === undefined || Math.max(tally.delivered, tally.handed) < next.at) return Effect.void
     tally.checkpoints.shift()
     return Deferred.succeed(next.reached, undefined).pipe(Effect.zipRight(Deferred.await(next.moved)))
   })
@@ -337,8 +347,12 @@ export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) =
     workload.commitEvery ?? 100
   )
   return {
-    member: (groupId, topic) =>
-      Consumer.run(
+    member: (groupId, topic) => {
+      // The member's process: once it dies, its handlers stop where they are (what a handler would still do after
+      // the crash, such as counting its chunk, never happens), as a process killed mid-handler does.
+      let dead = false
+      const alive = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.suspend(() => dead ? Effect.never : effect)
+      return Consumer.run(
         {
           groupId,
           topics: [topic],
@@ -347,14 +361,25 @@ export const kafkaPlan: MakePlan<never> = (workload, shouldCrash, checkpoints) =
           ...orderingOf(workload),
           ...routeOf(workload, topic)
         },
-        withPoison(workload, (records) => paced(workload, tallyAll(tally, records)), false)
+        withPoison(workload, (records) =>
+          Effect.zipRight(
+            Effect.sync(() => {
+              tally.handed += Chunk.size(records)
+            }),
+            paced(workload, alive(tallyAll(tally, records)))
+          ), false)
       ).pipe(
         Effect.provide(Layer.mergeAll(
           policy,
-          InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId)),
+          InMemoryKafka.layerFaults((point, memberId) => {
+            const dies = shouldCrash(point, memberId)
+            if (dies) dead = true
+            return dies
+          }),
           InMemoryKafka.layerProducer()
         ))
-      ),
+      )
+    },
     positions: (groupId) => Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.committed(groupId)).pipe(Effect.flatten),
     tally: () => Effect.succeed(tally)
   }
@@ -423,9 +448,13 @@ const orderingOf = (workload: Workload): Pick<Consumer.Config, "ordering" | "con
   ...(workload.concurrency === undefined ? {} : { concurrency: workload.concurrency })
 })
 
-/** The handler's time per chunk, as I/O would take it, before its write. */
+/**
+ * The handler's time per chunk, as I/O would take it, before its write. Without `handlerMillis` the handler still
+ * yields once, as any handler that does I/O does: the consumer's other fibers (a commit, another partition's worker)
+ * run while a chunk is in the handler, and a crash there leaves the chunk unhandled.
+ */
 const paced = <A, E, R>(workload: Workload, write: Effect.Effect<A, E, R>) =>
-  workload.handlerMillis === undefined ? write : Effect.zipRight(Effect.sleep(workload.handlerMillis), write)
+  Effect.zipRight(workload.handlerMillis === undefined ? Effect.yieldNow() : Effect.sleep(workload.handlerMillis), write)
 
 const storedPositions = (groupId: string, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
   Effect.flatMap(OffsetStore.OffsetStore, (store) => store.load(groupId, partitions))

@@ -96,6 +96,19 @@ export class Progress {
     return [this.starts[at]!, this.ends[at]!]
   }
 
+  /** The range holding `offset` among those not behind the position (a record in flight's), if any. */
+  rangeAt(offset: bigint): Range | undefined {
+    let low = this.head
+    let high = this.starts.length - 1
+    while (low <= high) {
+      const middle = (low + high) >>> 1
+      if (this.starts[middle]! <= offset) low = middle + 1
+      else high = middle - 1
+    }
+    // `high`: the last range starting at or below `offset` (ranges emptied by a rewind cover nothing).
+    return high >= this.head && this.ends[high]! > offset ? [this.starts[high]!, this.ends[high]!] : undefined
+  }
+
   /** The range at `index` finished. */
   finish(index: number): void {
     if (index < 0) return

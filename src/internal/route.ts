@@ -251,10 +251,23 @@ interface PartitionRoute {
   readonly poisoned: Map<bigint, unknown>
   /** Records dead-lettered by a write that a rolled-back unit does not take back: not written again. */
   readonly written: Set<bigint>
-  /** The highest offset handled, and the records routed above it: the failures in a row, in offset order. */
+  /**
+   * A partition read in order: the highest offset handled, and the records routed above it: the failures in a row,
+   * in offset order.
+   */
   handledUpTo: bigint
   streak: Array<bigint>
+  /**
+   * A partition whose records finish out of order: the ranges of the records it routed, by where they start and by
+   * where they end. Records in a row are those whose ranges meet: consecutive records of the partition, whatever the
+   * order they failed in. A record not finished, or handled, between two routed ones breaks the row.
+   */
+  readonly routedFrom: Map<bigint, bigint>
+  readonly routedUntil: Map<bigint, bigint>
 }
+
+/** Where a record's range lies, for a partition whose records finish out of order (see `Progress`). */
+export type Locate = (offset: bigint) => readonly [from: bigint, until: bigint] | undefined
 
 export interface Router<E, R> {
   readonly work: Work<E, R>
@@ -273,10 +286,26 @@ export interface Router<E, R> {
   /** The partition is assigned anew, or given up: what was known of its failures is dropped. */
   readonly reset: (partition: TopicPartition.TopicPartition) => void
   /**
+   * The partition's records finish out of order: `locate` gives the range of a record in flight, with which records
+   * in a row are counted in offset order (see `PartitionRoute`).
+   */
+  readonly outOfOrder: (partition: TopicPartition.TopicPartition, locate: Locate) => void
+  /**
    * How many records the router remembers something of (failed attempts, poison, dead letters written): what its memory
    * grows with. The streak of failures in a row is not counted: it never holds more than `maxInARow` records.
    */
   readonly remembered: () => number
+}
+
+/**
+ * How many records in a row, in offset order, a record of range `range` would make with the routed records whose
+ * ranges meet it on either side; counted up to `most`.
+ */
+const inARow = (state: PartitionRoute, range: readonly [bigint, bigint], most: number): number => {
+  let row = 1
+  for (let at = state.routedUntil.get(range[0]); at !== undefined && row < most; at = state.routedUntil.get(at)) row++
+  for (let at = state.routedFrom.get(range[1]); at !== undefined && row < most; at = state.routedFrom.get(at)) row++
+  return row
 }
 
 /**
@@ -295,6 +324,8 @@ export const makeRouter = <E, R>(
 ): Router<E, R> => {
   const apart = mode === "inPlace" ? side : undefined
   const partitions = new Map<string, PartitionRoute>()
+  /** Partitions whose records finish out of order. */
+  const locators = new Map<string, Locate>()
   /**
    * Failed attempts of records not handled or routed yet, by partition key, then offset. A record's count goes when it
    * is handled or routed, and a partition's below its position, or all of them when it is assigned anew.
@@ -319,7 +350,14 @@ export const makeRouter = <E, R>(
   const stateOf = (k: string) => {
     let state = partitions.get(k)
     if (state === undefined) {
-      state = { poisoned: new Map(), written: new Set(), handledUpTo: -1n, streak: [] }
+      state = {
+        poisoned: new Map(),
+        written: new Set(),
+        handledUpTo: -1n,
+        streak: [],
+        routedFrom: new Map(),
+        routedUntil: new Map()
+      }
       partitions.set(k, state)
     }
     return state
@@ -375,25 +413,33 @@ export const makeRouter = <E, R>(
       const k = TopicPartition.key(tp)
       const state = stateOf(k)
       const tries = Math.max(attemptsOf(k, record.offset) ?? 1, 1)
-      // In a row means in offset order, with no record handled after it: under key ordering, records finish out of
-      // order. A record routed again (its unit ran again after a rollback) is not one more; nor is a record of a retry
-      // topic, which holds nothing but records that failed before: the circuit watches the consumer's topics.
-      const fresh = counts && record.offset > state.handledUpTo && !state.streak.includes(record.offset) &&
-        retryStepOf(settings, tp.topic) === undefined
-      if (fresh && state.streak.length + 1 >= settings.maxInARow) {
+      // In a row means in offset order. A record routed again (its unit ran again after a rollback) is not one more;
+      // nor is a record of a retry topic, which holds nothing but records that failed before: the circuit watches
+      // the consumer's topics.
+      const locate = locators.get(k)
+      const range = locate?.(record.offset)
+      const counted = counts && retryStepOf(settings, tp.topic) === undefined
+      let row = 0
+      if (range !== undefined) {
+        // Out of order: the routed records whose ranges meet this one's, on both sides.
+        if (counted && !state.routedFrom.has(range[0])) row = inARow(state, range, settings.maxInARow)
+      } else if (counted && record.offset > state.handledUpTo && !state.streak.includes(record.offset)) {
+        // In order, with no record handled after it.
+        row = state.streak.length + 1
+      }
+      if (row >= settings.maxInARow) {
         return Effect.fail(
           new Fatal(
-            new CircuitOpen({
-              topic: tp.topic,
-              partition: tp.partition,
-              offset: record.offset,
-              count: state.streak.length + 1,
-              cause: error
-            })
+            new CircuitOpen({ topic: tp.topic, partition: tp.partition, offset: record.offset, count: row, cause: error })
           )
         )
       }
-      if (fresh) state.streak.push(record.offset)
+      if (row > 0 && range !== undefined) {
+        state.routedFrom.set(range[0], range[1])
+        state.routedUntil.set(range[1], range[0])
+      } else if (row > 0) {
+        state.streak.push(record.offset)
+      }
       if (state.written.has(record.offset)) return Effect.void
       const written = (metadata: RecordMetadata) =>
         Effect.suspend(() => {
@@ -556,7 +602,18 @@ export const makeRouter = <E, R>(
       stateOf(TopicPartition.key(tp)).poisoned.set(offset, failure.error)
       return true
     },
+    outOfOrder: (tp, locate) => {
+      locators.set(TopicPartition.key(tp), locate)
+    },
     passed: (tp, position) => {
+      const routed = partitions.get(TopicPartition.key(tp))
+      if (routed !== undefined && routed.routedFrom.size > 0) {
+        for (const [from, until] of routed.routedFrom) {
+          if (until > position) continue
+          routed.routedFrom.delete(from)
+          routed.routedUntil.delete(until)
+        }
+      }
       const counts = attempts.get(TopicPartition.key(tp))
       if (counts !== undefined) {
         for (const offset of counts.keys()) if (offset < position) counts.delete(offset)
@@ -570,11 +627,12 @@ export const makeRouter = <E, R>(
     reset: (tp) => {
       partitions.delete(TopicPartition.key(tp))
       attempts.delete(TopicPartition.key(tp))
+      locators.delete(TopicPartition.key(tp))
     },
     remembered: () => {
       let n = 0
       for (const counts of attempts.values()) n += counts.size
-      for (const state of partitions.values()) n += state.poisoned.size + state.written.size
+      for (const state of partitions.values()) n += state.poisoned.size + state.written.size + state.routedFrom.size
       return n
     }
   }

@@ -611,7 +611,7 @@ const runSession = <E, R, EH, RH>(
         return (retrying(state.tp) ? whenDue(state, records, position) : kept(state, records, position)).pipe(
           Effect.flatMap((kept) => {
             if (!kept) return Effect.void
-            rerun?.passed(state.tp, position)
+            router?.passed(state.tp, position)
             state.outstanding -= Chunk.size(fetched)
             return state.paused
               ? Effect.zipRight(maybeResume(state), Effect.suspend(() => next(chunks, at + 1, done)))
@@ -634,6 +634,8 @@ const runSession = <E, R, EH, RH>(
     ): Effect.Effect<void, never, R> => {
       const tp = state.tp
       const progress = state.progress!
+      // The route counts records in a row in offset order through the ranges of the records in flight.
+      router?.outOfOrder(tp, (offset) => progress.rangeAt(offset))
       const byKey = new Map<string, Lane>()
       let ready: Array<Lane | undefined> = []
       let readyAt = 0
@@ -746,7 +748,7 @@ const runSession = <E, R, EH, RH>(
             if (result === givenUp) return Effect.void
             telemetry?.handled(tp, indexes.length)
             for (const index of indexes) progress.finish(index)
-            rerun?.passed(tp, progress.position())
+            router?.passed(tp, progress.position())
             state.outstanding -= indexes.length
             policyOf.progressed(tp, progress, indexes.length)
             let more: Step = lanes
