@@ -13,6 +13,8 @@
 #   scripts/kafka.sh start-node N   start node N again on its data, and wait until it is ready
 #
 # Environment:
+#   KAFKA_VERSION         the Apache Kafka release to run: 3.9.1 (the default) or a later one, such as 4.4.0; each
+#                         version's jars are fetched once and cached apart (in $KAFKA_CACHE_DIR/libs-<version>)
 #   KAFKA_PORT            client port (default 19092); the controller listens on KAFKA_PORT + 1
 #   KAFKA_START_TIMEOUT   seconds to wait for the broker to be ready (default 90)
 #   KAFKA_STOP_TIMEOUT    seconds to wait after SIGTERM before SIGKILL (default 30)
@@ -27,11 +29,12 @@ set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PROJECT_DIR="$(cd "$SCRIPT_DIR/.." && pwd)"
 
+KAFKA_VERSION="${KAFKA_VERSION:-3.9.1}"
 KAFKA_PORT="${KAFKA_PORT:-19092}"
 START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
 STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
 CACHE_DIR="${KAFKA_CACHE_DIR:-$PROJECT_DIR/.cache/kafka}"
-LIBS_DIR="$CACHE_DIR/libs"
+LIBS_DIR="$CACHE_DIR/libs-$KAFKA_VERSION"
 POM_TEMPLATE="$SCRIPT_DIR/kafka/pom.xml"
 
 log() { printf 'kafka.sh: %s\n' "$*" >&2; }
@@ -40,6 +43,9 @@ die() {
   exit 1
 }
 
+if ! [[ "$KAFKA_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+  die "KAFKA_VERSION must be a release number such as 3.9.1 or 4.4.0, got '$KAFKA_VERSION'"
+fi
 if ! [[ "$KAFKA_PORT" =~ ^[0-9]+$ ]] || ((KAFKA_PORT < 1 || KAFKA_PORT > 65534)); then
   die "KAFKA_PORT must be a port number below 65535, got '$KAFKA_PORT'"
 fi
@@ -80,7 +86,7 @@ usage() {
 usage: $0 fetch|start|stop|status|kill-node N|start-node N
   fetch         fetch the broker's jars into the cache (start does this too)
   start         start a single-node Kafka broker on 127.0.0.1:\$KAFKA_PORT (default 19092), or with KAFKA_NODES=3 a
-                cluster of three
+                cluster of three; \$KAFKA_VERSION picks the release (default 3.9.1; 4.4.0 too)
   stop          stop it and delete its data
   status        exit 0 when it runs, 3 when it does not
   kill-node N   (KAFKA_NODES=3) SIGKILL node N, keeping its data
@@ -119,17 +125,46 @@ running_pid() {
   fi
 }
 
+# The version `start` ran on this port, when it wrote it down.
+running_version() {
+  cat "$CLUSTER_DIR/kafka-version" 2>/dev/null || true
+}
+
 port_in_use() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# What the cached jars of this version were fetched for: the version and the pom that listed them.
+libs_stamp() {
+  echo "$KAFKA_VERSION $(sha256sum "$POM_TEMPLATE" | cut -d' ' -f1)"
+}
+
+# Jars fetched before they were cached per version ($CACHE_DIR/libs) are taken over when they are this version's:
+# hard links, so that a broker still running from the old directory keeps every jar it has not opened yet.
+adopt_old_libs() {
+  local old="$CACHE_DIR/libs"
+  [[ -f "$old/.complete" && -f "$old/kafka_2.13-$KAFKA_VERSION.jar" ]] || return 1
+  ls "$old"/slf4j-reload4j-1.7.36.jar >/dev/null 2>&1 || return 1
+  local work="$CACHE_DIR/adopt.$$"
+  rm -rf "$work"
+  cp -al "$old" "$work" 2>/dev/null || cp -a "$old" "$work" || {
+    rm -rf "$work"
+    return 1
+  }
+  libs_stamp >"$work/.complete"
+  rm -rf "$LIBS_DIR"
+  mv "$work" "$LIBS_DIR"
+  log "using the Apache Kafka $KAFKA_VERSION jars fetched earlier ($old)"
+}
+
 fetch_libs() {
-  local pom_hash
-  pom_hash="$(sha256sum "$POM_TEMPLATE" | cut -d' ' -f1)"
-  if [[ -f "$LIBS_DIR/.complete" ]] && [[ "$(cat "$LIBS_DIR/.complete")" == "$pom_hash" ]]; then
+  local stamp
+  stamp="$(libs_stamp)"
+  if [[ -f "$LIBS_DIR/.complete" ]] && [[ "$(cat "$LIBS_DIR/.complete")" == "$stamp" ]]; then
     return 0
   fi
-  log "fetching Apache Kafka 3.9.1 jars from Maven Central into $LIBS_DIR (first run only, about 100 MB)"
+  if adopt_old_libs; then return 0; fi
+  log "fetching Apache Kafka $KAFKA_VERSION jars from Maven Central into $LIBS_DIR (first run only, about 100 MB)"
   local work="$CACHE_DIR/fetch.$$"
   rm -rf "$work"
   mkdir -p "$work"
@@ -137,7 +172,7 @@ fetch_libs() {
   local attempt
   for attempt in 1 2; do
     rm -rf "$work/libs"
-    if mvn -q -B -f "$work/pom.xml" \
+    if mvn -q -B -f "$work/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
       org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
       -DincludeScope=runtime -DoutputDirectory="$work/libs" >"$work/mvn.log" 2>&1; then
       break
@@ -145,14 +180,15 @@ fetch_libs() {
     if ((attempt == 2)); then
       tail -n 30 "$work/mvn.log" >&2 || true
       rm -rf "$work"
-      log "could not fetch the broker's jars with Maven (log above)."
+      log "could not fetch the jars of Apache Kafka $KAFKA_VERSION with Maven (log above)."
       die "Point the tests at an existing broker instead: KAFKA_BROKERS=host:port npm test"
     fi
     log "Maven fetch failed, retrying once"
     sleep 2
   done
-  ls "$work/libs"/kafka_2.13-*.jar >/dev/null 2>&1 || die "Maven finished but kafka_2.13 is not among the fetched jars"
-  echo "$pom_hash" >"$work/libs/.complete"
+  [[ -f "$work/libs/kafka_2.13-$KAFKA_VERSION.jar" ]] ||
+    die "Maven finished but kafka_2.13-$KAFKA_VERSION.jar is not among the fetched jars"
+  echo "$stamp" >"$work/libs/.complete"
   rm -rf "$LIBS_DIR"
   mv "$work/libs" "$LIBS_DIR"
   rm -rf "$work"
@@ -275,6 +311,11 @@ start() {
   local pid
   pid="$(running_pid)"
   if [[ -n "$pid" ]]; then
+    local running
+    running="$(running_version)"
+    if [[ -n "$running" && "$running" != "$KAFKA_VERSION" ]]; then
+      die "Apache Kafka $running already runs on port $BASE_PORT (pid $pid), not $KAFKA_VERSION: stop it first"
+    fi
     log "already running (pid $pid)"
     echo "KAFKA_BROKERS=$(brokers_list)"
     return 0
@@ -291,6 +332,8 @@ start() {
   fetch_libs
 
   rm -rf "$CLUSTER_DIR"
+  mkdir -p "$CLUSTER_DIR"
+  echo "$KAFKA_VERSION" >"$CLUSTER_DIR/kafka-version"
   local id
   id="$(cluster_id)"
   local classpath="$LIBS_DIR/*"
@@ -321,7 +364,7 @@ start() {
       if [[ -d "$2" ]]; then bash "$3" stop; fi
     ' kafka-watch "$KAFKA_WATCH_PID" "$CLUSTER_DIR" "$SCRIPT_DIR/kafka.sh" </dev/null >/dev/null 2>&1 9>&- &
   fi
-  log "started ${NODES} node(s) (pids ${pids[*]}) in $((SECONDS - started_at))s, logs in $CLUSTER_DIR"
+  log "started ${NODES} node(s) of Apache Kafka $KAFKA_VERSION (pids ${pids[*]}) in $((SECONDS - started_at))s, logs in $CLUSTER_DIR"
   echo "KAFKA_BROKERS=$(brokers_list)"
 }
 
@@ -349,6 +392,13 @@ kill_node() {
 start_node() {
   cluster_node start-node "${1:-}"
   [[ -f "$RUN_DIR/server.properties" ]] || die "node $1 was never started; run start first"
+  # A node comes back on the release its data was written by, whatever KAFKA_VERSION says now.
+  local recorded
+  recorded="$(running_version)"
+  if [[ -n "$recorded" ]]; then
+    KAFKA_VERSION="$recorded"
+    LIBS_DIR="$CACHE_DIR/libs-$KAFKA_VERSION"
+  fi
   [[ -z "$(running_pid)" ]] || die "node $1 is running already"
   launch_node
 }
@@ -397,12 +447,13 @@ stop() {
 }
 
 status() {
-  local i pid down=0
+  local i pid down=0 version
+  version="$(running_version)"
   for i in $(seq 1 "$NODES"); do
     node "$i"
     pid="$(running_pid)"
     if [[ -n "$pid" ]]; then
-      echo "node $i running (pid $pid) on 127.0.0.1:$KAFKA_PORT"
+      echo "node $i running (pid $pid) on 127.0.0.1:$KAFKA_PORT${version:+, Apache Kafka $version}"
     else
       echo "node $i not running on port $KAFKA_PORT"
       down=1

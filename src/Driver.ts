@@ -43,7 +43,9 @@ export type Subscription =
  *   nothing to read (the marker of a transaction committed after its records were fetched, an aborted transaction):
  *   the partition's position moves on to `next` all the same, so that it can pass them.
  * - `OutOfRange`: the partition's fetch position `position` is outside its log (below its earliest offset, after
- *   retention or `deleteRecords`, or above its latest). Nothing more is fetched for the partition until it is sought.
+ *   retention or `deleteRecords`, or above its latest, the high watermark). Nothing more is fetched for the partition
+ *   until it is sought. A position above the last stable offset and at most the high watermark is not out of range:
+ *   a `read_committed` session returns nothing there until the transaction open at the last stable offset ends.
  *
  * @since 0.1.0
  * @category models
@@ -66,9 +68,18 @@ export type DriverEvent =
   | { readonly _tag: "OutOfRange"; readonly partition: TopicPartition; readonly position: bigint }
 
 /**
- * The offsets a partition's log holds: `earliest` is the first offset still stored (it moves up with retention and
- * `deleteRecords`), `latest` the offset the next record will get (the high watermark). A position in between, both
- * included, is in range.
+ * The offsets a partition's log holds, at one moment.
+ *
+ * - `earliest`: the first offset still stored; it moves up with retention and `deleteRecords`.
+ * - `latest`: the end of the log, the offset the next record will get (the high watermark). A position from
+ *   `earliest` to `latest`, both included, is in range: a fetch there gives no `OutOfRange`, whatever the isolation
+ *   level.
+ * - `lastStable`: how far a `read_committed` consumer can read (the last stable offset): the first offset of the
+ *   oldest transaction still open on the partition, or `latest` when none is open. A `read_committed` fetch from a
+ *   position between `lastStable` and `latest` returns nothing (and no `OutOfRange`) until that transaction ends; its
+ *   records come then, if it committed. A `read_uncommitted` consumer reads up to `latest`.
+ *
+ * `earliest <= lastStable <= latest`.
  *
  * @since 0.1.0
  * @category models
@@ -76,6 +87,8 @@ export type DriverEvent =
 export interface PartitionOffsets {
   readonly earliest: bigint
   readonly latest: bigint
+  /** @since 0.2.0 */
+  readonly lastStable: bigint
 }
 
 /**
@@ -139,15 +152,21 @@ export interface DriverSession {
    * A position's metadata (`OffsetBatch.metadata`) is committed with it; a position without one clears it.
    */
   readonly commit: (offsets: OffsetBatch) => Effect.Effect<void, CommitFailed>
-  /** The group's committed positions for these partitions; absent when none was committed. */
+  /**
+   * The group's committed positions for these partitions; absent when none was committed. The read is stable: a
+   * partition whose group has a transactional offset commit pending (a transaction that sent offsets for it with
+   * `sendOffsetsToTransaction` is open, or has committed and the coordinator has not finished writing its offsets)
+   * fails the read with a retriable `DriverError` whose reason names `UNSTABLE_OFFSET_COMMIT`, rather than answer the
+   * position from before that transaction. Read again once it has ended.
+   */
   readonly committed: (
     partitions: ReadonlyArray<TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, bigint>, DriverError>
-  /** The group's committed positions with the metadata committed with each (`""` when none). */
+  /** The group's committed positions with the metadata committed with each (`""` when none); stable as `committed`. */
   readonly committedWithMetadata: (
     partitions: ReadonlyArray<TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, CommittedPosition>, DriverError>
-  /** The earliest and latest offsets of each partition's log, keyed by `TopicPartition.key`. */
+  /** The earliest, latest and last stable offsets of each partition's log, keyed by `TopicPartition.key`. */
   readonly offsets: (
     partitions: ReadonlyArray<TopicPartition>
   ) => Effect.Effect<ReadonlyMap<string, PartitionOffsets>, DriverError>

@@ -126,7 +126,7 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
   readonly deleteRecords: (topic: string, partition: number, before: bigint) => Effect.Effect<void, DriverError>
   /** The next offset to be written to each partition of the topic. */
   readonly endOffsets: (topic: string) => Effect.Effect<ReadonlyArray<bigint>, DriverError>
-  /** The earliest and latest offsets of each partition of the topic. */
+  /** The earliest, latest (high watermark) and last stable offsets of each partition of the topic. */
   readonly offsets: (topic: string) => Effect.Effect<ReadonlyArray<PartitionOffsets>, DriverError>
   readonly committed: (groupId: string) => Effect.Effect<ReadonlyMap<string, bigint>>
   /** The metadata committed with the group's positions, where there is any. */
@@ -173,8 +173,23 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
     records: ReadonlyArray<ProducerRecord>
   ) => Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, ProduceFailed>
   /**
-   * Ends the producer's open transaction. `commit` also commits `offsets` for their groups, atomically with the
-   * records (`sendOffsetsToTransaction`).
+   * Adds positions to commit for `groupId` to the producer's open transaction, opening one if none is (Kafka's
+   * AddOffsetsToTxn and TxnOffsetCommit, what `sendOffsetsToTransaction` sends): they are committed when it commits,
+   * dropped when it aborts. Until it ends, a session's read of the group's committed position of these partitions
+   * (`DriverSession.committed`) fails with a retriable `DriverError` naming `UNSTABLE_OFFSET_COMMIT`, as a stable
+   * read does on Kafka.
+   *
+   * @since 0.2.0
+   */
+  readonly sendOffsets: (
+    transactionalId: string,
+    epoch: number,
+    groupId: string,
+    positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
+  ) => Effect.Effect<void, TransactionFailed>
+  /**
+   * Ends the producer's open transaction. `commit` also commits the positions added with `sendOffsets`, and
+   * `offsets`, for their groups, atomically with the records (`sendOffsetsToTransaction`); `abort` drops them.
    */
   readonly endTransaction: (
     transactionalId: string,
@@ -186,6 +201,12 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
     }>
   ) => Effect.Effect<void, TransactionFailed>
 }>() {}
+
+/** Positions to commit for one group, as a transaction carries them. */
+interface GroupOffsets {
+  readonly groupId: string
+  readonly positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
+}
 
 const encoder = new TextEncoder()
 const bytes = (value: Uint8Array | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
@@ -493,6 +514,39 @@ const makeBroker = (options: Options) =>
         const reachableOr = <A>(operation: string, f: () => A): Effect.Effect<A, DriverError> =>
           Effect.suspend(() => down ? Effect.fail(unreachableError(operation)) : Effect.succeed(f()))
 
+        // A stable read, as with `require_stable` on Kafka: a position that an open transaction is about to commit
+        // is not answered with the one before it.
+        const committedWithMetadata = (
+          tps: ReadonlyArray<TopicPartition.TopicPartition>
+        ): Effect.Effect<ReadonlyMap<string, CommittedPosition>, DriverError> =>
+          Effect.clockWith((clock) => {
+            if (down) return Effect.fail(unreachableError("committed"))
+            // A transaction past its timeout is aborted first, as the broker would have by now.
+            const expired = expireTransactions(clock.unsafeCurrentTimeMillis())
+            const read = (): Effect.Effect<ReadonlyMap<string, CommittedPosition>, DriverError> => {
+              const group = groupOf(member.groupId)
+              const out = new Map<string, CommittedPosition>()
+              for (const tp of tps) {
+                const k = TopicPartition.key(tp)
+                const pending = pendingOffsetCommit(member.groupId, k)
+                if (pending !== undefined) {
+                  return Effect.fail(
+                    new DriverError({
+                      operation: "committed",
+                      reason: `UNSTABLE_OFFSET_COMMIT: the open transaction of producer "${pending}" commits a ` +
+                        `position of ${k} for group "${member.groupId}"; read again once it has ended`,
+                      retriable: true
+                    })
+                  )
+                }
+                const position = group.committed.get(k)
+                if (position !== undefined) out.set(k, { position, metadata: group.metadata.get(k) ?? "" })
+              }
+              return Effect.succeed(out)
+            }
+            return expired ? Effect.zipRight(notify, Effect.suspend(read)) : read()
+          })
+
         const session: DriverSession = {
           get memberId() {
             return member.id
@@ -500,26 +554,12 @@ const makeBroker = (options: Options) =>
           poll,
           commit,
           committed: (tps) =>
-            reachableOr("committed", () => {
-              const group = groupOf(member.groupId)
+            Effect.map(committedWithMetadata(tps), (found) => {
               const out = new Map<string, bigint>()
-              for (const tp of tps) {
-                const position = group.committed.get(TopicPartition.key(tp))
-                if (position !== undefined) out.set(TopicPartition.key(tp), position)
-              }
+              for (const [k, { position }] of found) out.set(k, position)
               return out
             }),
-          committedWithMetadata: (tps) =>
-            reachableOr("committed", () => {
-              const group = groupOf(member.groupId)
-              const out = new Map<string, CommittedPosition>()
-              for (const tp of tps) {
-                const k = TopicPartition.key(tp)
-                const position = group.committed.get(k)
-                if (position !== undefined) out.set(k, { position, metadata: group.metadata.get(k) ?? "" })
-              }
-              return out
-            }),
+          committedWithMetadata,
           offsets: (tps) =>
             reachableOr("offsets", () => {
               const out = new Map<string, PartitionOffsets>()
@@ -624,12 +664,39 @@ const makeBroker = (options: Options) =>
 
     const lookup = (memberId: string) => Option.fromNullable(members.get(memberId))
 
+    interface OpenTransaction {
+      readonly txn: memoryLog.Txn
+      readonly logs: Set<memoryLog.PartitionLog>
+      readonly at: number
+      /** Positions sent with the transaction, by group: committed with it, or dropped. */
+      readonly offsets: Array<GroupOffsets>
+    }
     interface TransactionalProducerState {
       epoch: number
       timeoutMillis: number
-      open: { readonly txn: memoryLog.Txn; readonly logs: Set<memoryLog.PartitionLog>; readonly at: number } | undefined
+      open: OpenTransaction | undefined
     }
     const producers = new Map<string, TransactionalProducerState>()
+
+    const openTransaction = (state: TransactionalProducerState, now: number): OpenTransaction => {
+      if (state.open === undefined) state.open = { txn: { state: "open" }, logs: new Set(), at: now, offsets: [] }
+      return state.open
+    }
+
+    /** The producer of an open transaction that carries a position of `key` for `groupId`, if one does. */
+    const pendingOffsetCommit = (groupId: string, key: string): string | undefined => {
+      for (const [transactionalId, state] of producers) {
+        const open = state.open
+        if (open === undefined) continue
+        for (const sent of open.offsets) {
+          if (sent.groupId !== groupId) continue
+          if (sent.positions.some((p) => TopicPartition.key({ topic: p.topic, partition: p.partition }) === key)) {
+            return transactionalId
+          }
+        }
+      }
+      return undefined
+    }
 
     /** Ends an open transaction on every partition it wrote to. */
     const finish = (state: TransactionalProducerState, outcome: "committed" | "aborted") => {
@@ -759,8 +826,7 @@ const makeBroker = (options: Options) =>
           const planned = yield* plan("transactionalProduce", topic, records, now).pipe(
             Effect.mapError((e) => new ProduceFailed({ reason: "UnknownPartition", topic: topicName, detail: e.reason }))
           )
-          if (state.open === undefined) state.open = { txn: { state: "open" }, logs: new Set(), at: now }
-          const open = state.open
+          const open = openTransaction(state, now)
           const offsets = new Map<number, Array<bigint>>()
           for (const [partition, builders] of planned.byPartition) {
             const log = topic.partitions[partition]!
@@ -784,7 +850,7 @@ const makeBroker = (options: Options) =>
             return yield* producer.transactionFailed(transactionalId, outcome, "Fenced", state)
           }
           if (outcome === "commit") {
-            for (const { groupId, positions } of offsets) {
+            for (const { groupId, positions } of [...(state.open?.offsets ?? []), ...offsets]) {
               const group = groupOf(groupId)
               for (const { next, partition, topic } of positions) {
                 group.committed.set(TopicPartition.key({ topic, partition }), next)
@@ -794,6 +860,16 @@ const makeBroker = (options: Options) =>
           }
           finish(state, outcome === "commit" ? "committed" : "aborted")
           yield* notify
+        }),
+      sendOffsets: (transactionalId, epoch, groupId, positions) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          if (expireTransactions(now)) yield* notify
+          const state = fencedBy(transactionalId, epoch)
+          if (typeof state === "string") {
+            return yield* producer.transactionFailed(transactionalId, "sendOffsets", "Fenced", state)
+          }
+          openTransaction(state, now).offsets.push({ groupId, positions: [...positions] })
         }),
       refuseCommits: (groupId, reason, times = 1) =>
         Effect.sync(() => {
@@ -1025,20 +1101,12 @@ const transactionClient = (
     init: Effect.map(kafka.initProducer(transactionalId, transactionTimeout), (e) => {
       epoch = e
     }),
-    begin: Effect.sync(() => {
-      const offsets: Array<{
-        readonly groupId: string
-        readonly positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
-      }> = []
-      return {
-        write,
-        sendOffsets: (groupId, positions) =>
-          Effect.sync(() => {
-            offsets.push({ groupId, positions })
-          }),
-        commit: kafka.endTransaction(transactionalId, epoch, "commit", offsets),
-        abort: kafka.endTransaction(transactionalId, epoch, "abort")
-      }
-    })
+    begin: Effect.sync(() => ({
+      write,
+      // The positions go to the broker at once, as TxnOffsetCommit does: the group's stable reads see them pending.
+      sendOffsets: (groupId, positions) => kafka.sendOffsets(transactionalId, epoch, groupId, positions),
+      commit: kafka.endTransaction(transactionalId, epoch, "commit"),
+      abort: kafka.endTransaction(transactionalId, epoch, "abort")
+    }))
   }
 }

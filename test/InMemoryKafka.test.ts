@@ -1,13 +1,14 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as TestClock from "effect/TestClock"
 import { Driver, type DriverEvent } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { InvalidConfig } from "../src/KafkaError.js"
 import * as OffsetBatch from "../src/OffsetBatch.js"
-import { driverSuite, DriverTestKit } from "./driverSuite.js"
+import { driverSuite, DriverTestKit, DriverTestTransactions } from "./driverSuite.js"
 
 const testKit: Layer.Layer<DriverTestKit, never, InMemoryKafka.InMemoryKafka> = Layer.effect(
   DriverTestKit,
@@ -26,10 +27,47 @@ const testKit: Layer.Layer<DriverTestKit, never, InMemoryKafka.InMemoryKafka> = 
   }))
 )
 
+const transactions: Layer.Layer<DriverTestTransactions, never, InMemoryKafka.InMemoryKafka> = Layer.effect(
+  DriverTestTransactions,
+  Effect.map(InMemoryKafka.InMemoryKafka, (kafka) => ({
+    openTransaction: (topic, partition, values, offsets) =>
+      Effect.gen(function*() {
+        const transactionalId = `suite-${crypto.randomUUID()}`
+        const epoch = yield* kafka.initProducer(transactionalId, "1 minute")
+        if (values.length > 0) {
+          const records = values.map((value) => ({ value, partition }))
+          yield* kafka.transactionalProduce(transactionalId, epoch, topic, records)
+        }
+        if (offsets !== undefined) {
+          yield* kafka.sendOffsets(transactionalId, epoch, offsets.groupId, [
+            { topic, partition: offsets.partition, next: offsets.next }
+          ])
+        }
+        let open = true
+        yield* Effect.addFinalizer(() =>
+          open ? Effect.ignore(kafka.endTransaction(transactionalId, epoch, "abort")) : Effect.void
+        )
+        return {
+          end: (outcome) =>
+            Effect.suspend(() => {
+              open = false
+              return kafka.endTransaction(transactionalId, epoch, outcome)
+            })
+        }
+      })
+  }))
+)
+
 driverSuite(
   "InMemoryKafka driver",
-  Layer.provideMerge(testKit, InMemoryKafka.layer()),
-  { sessionTimeout: "10 seconds", rebalanceTimeout: "20 seconds", pollTimeout: "20 millis", deadline: "10 seconds" }
+  Layer.provideMerge(Layer.merge(testKit, transactions), InMemoryKafka.layer()),
+  {
+    sessionTimeout: "10 seconds",
+    rebalanceTimeout: "20 seconds",
+    pollTimeout: "20 millis",
+    deadline: "10 seconds",
+    settle: 0
+  }
 )
 
 const options = (clientId: string, sessionTimeout = "10 seconds" as Duration.DurationInput) => ({
@@ -123,6 +161,32 @@ describe("InMemoryKafka on the TestClock", () => {
         }).pipe(Effect.provide(InMemoryKafka.layer({ assignor }))))
       }
     }))
+
+  it.scoped("a transaction's positions are pending until it ends: a committed read of them fails retriable, until the broker aborts it at its timeout", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const driver = yield* Driver
+      yield* kafka.createTopic("t", 2)
+      const a = yield* driver.connect(options("a"))
+      yield* pollUntil(a.poll, "Assigned")
+      const p0 = { topic: "t", partition: 0 }
+      yield* a.commit(OffsetBatch.of(p0, 2n))
+      const epoch = yield* kafka.initProducer("txn", "1 minute")
+      yield* kafka.sendOffsets("txn", epoch, "g", [{ topic: "t", partition: 0, next: 7n }])
+      const read = yield* Effect.either(a.committed([p0]))
+      if (Either.isRight(read)) return assert.fail(`read while the transaction is open: ${read.right.get("t-0")}`)
+      const unstable = read.left
+      assert.isTrue(unstable.retriable)
+      assert.include(unstable.message, "UNSTABLE_OFFSET_COMMIT")
+      assert.include(unstable.message, "txn")
+      // The group's committed position is still the one before the transaction (the broker's view, not a stable read).
+      assert.strictEqual((yield* kafka.committed("g")).get("t-0"), 2n)
+      // Past its timeout the broker aborts the transaction and fences its producer: the position never lands.
+      yield* TestClock.adjust("61 seconds")
+      assert.strictEqual((yield* a.committed([p0])).get("t-0"), 2n)
+      const fenced = yield* Effect.flip(kafka.sendOffsets("txn", epoch, "g", [{ topic: "t", partition: 0, next: 8n }]))
+      assert.strictEqual(fenced.reason, "Fenced")
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
 
   it.effect("bad topic settings give a typed error naming the field", () =>
     Effect.gen(function*() {

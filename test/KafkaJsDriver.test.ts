@@ -1,11 +1,14 @@
 import { assert, describe, it } from "@effect/vitest"
+import type * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as HashMap from "effect/HashMap"
 import * as Layer from "effect/Layer"
 import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
+import * as Option from "effect/Option"
 import * as Redacted from "effect/Redacted"
+import * as Schedule from "effect/Schedule"
 import { createRequire } from "node:module"
 import { inspect } from "node:util"
 import {
@@ -24,9 +27,9 @@ import * as KafkaJs from "../src/KafkaJs.js"
 import { InvalidConfig, DriverError } from "../src/KafkaError.js"
 import { toPlain } from "../src/ConsumerRecord.js"
 import { commitFailed, isRetriable, toConsumerRecord } from "../src/internal/kafkajs.js"
-import { ResponseTap } from "../src/internal/kafkajsWire.js"
-import { driverSuite } from "./driverSuite.js"
-import { testKit } from "./support/kafkaKit.js"
+import { heartbeatAnswer, ResponseTap } from "../src/internal/kafkajsWire.js"
+import { driverSuite, DriverTestTransactions } from "./driverSuite.js"
+import { kafkaClient, testKit } from "./support/kafkaKit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 
@@ -45,10 +48,74 @@ const captureLogs = () => {
   return { lines, layer }
 }
 
+/**
+ * `DriverTestTransactions.openTransaction` on a real broker: a kafkajs transactional producer, whose transaction
+ * stays open until `end`. `KafkaJs.endOffsets` reads the last stable offset, which passes the transaction's last
+ * record only once its marker is written (the coordinator writes it after EndTxn has answered).
+ */
+const openTransaction = (brokers: string): Context.Tag.Service<DriverTestTransactions>["openTransaction"] =>
+(topic, partition, values, offsets) =>
+  Effect.gen(function*() {
+    const producer = yield* Effect.acquireRelease(
+      Effect.tryPromise(async () => {
+        const producer = kafkaClient(brokers).producer({
+          transactionalId: `driver-suite-${crypto.randomUUID()}`,
+          idempotent: true,
+          maxInFlightRequests: 1
+        })
+        await producer.connect()
+        return producer
+      }),
+      (producer) => Effect.promise(() => producer.disconnect().catch(() => undefined))
+    )
+    const txn = yield* Effect.tryPromise(() => producer.transaction())
+    let open = true
+    yield* Effect.addFinalizer(() =>
+      open ? Effect.promise(() => txn.abort().catch(() => undefined)) : Effect.void
+    )
+    let last: bigint | undefined
+    if (values.length > 0) {
+      const sent = yield* Effect.tryPromise(() =>
+        txn.send({ topic, messages: values.map((value) => ({ partition, key: `${partition}`, value })) })
+      )
+      const base = sent.find((r) => r.partition === partition)?.baseOffset
+      if (base === undefined) {
+        return yield* Effect.fail(new Error(`no offset for the records sent to ${topic}-${partition}`))
+      }
+      last = BigInt(base) + BigInt(values.length) - 1n
+    }
+    if (offsets !== undefined) {
+      yield* Effect.tryPromise(() =>
+        txn.sendOffsets({
+          consumerGroupId: offsets.groupId,
+          topics: [{ topic, partitions: [{ partition: offsets.partition, offset: offsets.next.toString() }] }]
+        })
+      )
+    }
+    const marked = (end: bigint) => last === undefined || end > last
+    return {
+      end: (outcome: "commit" | "abort") =>
+        Effect.gen(function*() {
+          open = false
+          yield* Effect.tryPromise(() => outcome === "commit" ? txn.commit() : txn.abort())
+          const stable = yield* KafkaJs.endOffsets(brokers, topic).pipe(
+            Effect.map((ends) => ends.get(partition) ?? 0n),
+            Effect.repeat({ schedule: Schedule.spaced("20 millis"), until: marked }),
+            Effect.timeoutOption("30 seconds")
+          )
+          if (Option.isNone(stable)) {
+            return yield* Effect.fail(
+              new Error(`${topic}-${partition}: the ${outcome} marker not written in 30 seconds`)
+            )
+          }
+        })
+    }
+  })
+
 if (brokers) {
   driverSuite(
     "KafkaJs driver",
-    Layer.merge(
+    Layer.mergeAll(
       KafkaJs.layer({
         brokers: brokers.split(","),
         clientId: "driver-suite",
@@ -56,7 +123,8 @@ if (brokers) {
         heartbeatInterval: "500 millis",
         logLevel: "error"
       }),
-      testKit(brokers)
+      testKit(brokers),
+      Layer.succeed(DriverTestTransactions, { openTransaction: openTransaction(brokers) })
     ),
     // The broker's smallest session timeout: a revoke held past it shows that the member's session is kept.
     { sessionTimeout: "6 seconds", rebalanceTimeout: "20 seconds", pollTimeout: "200 millis" }
@@ -218,7 +286,7 @@ describe("the session's socket layer", () => {
     for (let seed = 1; seed <= 200; seed++) {
       const next = random(seed)
       const answers: Array<number> = []
-      const tap = new ResponseTap((code) => answers.push(code))
+      const tap = new ResponseTap()
       const theirs: Array<Buffer> = []
       const ours: Array<number> = []
       const stream: Array<Buffer> = []
@@ -227,7 +295,7 @@ describe("the session's socket layer", () => {
         if (next() < 0.3) {
           // An answer to a heartbeat (v3: throttle_time_ms, error_code), registered before it arrives.
           const code = Math.floor(next() * 100)
-          tap.waiting.set(own, 3)
+          tap.waiting.set(own, heartbeatAnswer(3, (code) => answers.push(code)))
           const body = Buffer.alloc(6)
           body.writeInt16BE(code, 4)
           stream.push(frame(own--, body))
@@ -254,7 +322,7 @@ describe("the session's socket layer", () => {
   })
 
   it("passes chunks through untouched while none of its own requests waits for an answer", () => {
-    const tap = new ResponseTap(() => assert.fail("no answer expected"))
+    const tap = new ResponseTap()
     const stream = Buffer.concat([frame(0, Buffer.alloc(10)), frame(1, Buffer.alloc(3))])
     const chunks = [stream.subarray(0, 5), stream.subarray(5, 17), stream.subarray(17)]
     const forwarded: Array<Buffer> = []

@@ -377,13 +377,16 @@ const transientTypes = new Set([
   "COORDINATOR_NOT_AVAILABLE",
   "NOT_COORDINATOR",
   "COORDINATOR_LOAD_IN_PROGRESS",
-  "NOT_LEADER_OR_FOLLOWER"
+  "NOT_LEADER_OR_FOLLOWER",
+  // A stable read of a committed position that a transaction is still committing: read again once it has ended.
+  "UNSTABLE_OFFSET_COMMIT"
 ])
 
 /**
  * Whether an error goes away when the cluster is reachable again: a closed or refused connection, a request timeout,
- * a broker or leader moving, also after kafkajs gave up retrying them. An unknown topic, a refused login or
- * authorization, a bad setting are not.
+ * a broker, leader or coordinator moving or loading, also after kafkajs gave up retrying them; and a committed position
+ * that a transaction is still committing (UNSTABLE_OFFSET_COMMIT), once the transaction has ended. An unknown topic, a
+ * refused login or authorization, a bad setting are not.
  *
  * @internal
  */

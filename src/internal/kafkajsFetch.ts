@@ -119,8 +119,10 @@ const RECHECK_MILLIS = 1000
 export interface FetchOptions {
   readonly consumer: Pick<Consumer, "pause" | "resume" | "seek">
   readonly enqueue: (entry: Entry) => void
-  /** The partition's earliest and latest offsets, from the cluster. */
-  readonly offsets: (partition: TopicPartition.TopicPartition) => Promise<PartitionOffsets>
+  /** The partition's earliest offset and its high watermark, from the cluster: a position in between is in range. */
+  readonly offsets: (
+    partition: TopicPartition.TopicPartition
+  ) => Promise<Pick<PartitionOffsets, "earliest" | "latest">>
   readonly log: (level: "debug" | "info" | "warning", message: string) => void
   readonly maxPollRecords: number
   readonly isClosed: () => boolean

@@ -1,10 +1,14 @@
 /**
- * One member's session on kafkajs: the group (assignment, revocation, loss), `poll`, and commits. What kafkajs
- * fetched is kept in `kafkajsFetch.ts`; the JoinGroup hold and the heartbeats during it live in `kafkajsWire.ts`.
+ * One member's session on kafkajs: the group (assignment, revocation, loss), `poll`, commits and reads. What kafkajs
+ * fetched is kept in `kafkajsFetch.ts`; the JoinGroup hold and the heartbeats during it, and the stable offset reads,
+ * live in `kafkajsWire.ts`.
  */
 import * as Clock from "effect/Clock"
+import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as FiberId from "effect/FiberId"
 import * as Option from "effect/Option"
 import * as Queue from "effect/Queue"
 import * as Runtime from "effect/Runtime"
@@ -19,7 +23,7 @@ import type { ClientConfig } from "./kafkajs.js"
 import { commitFailed, describe, driverError, isRebalanceError, isRetriable, makeClient } from "./kafkajs.js"
 import type { Entry, RecordsEntry } from "./kafkajsFetch.js"
 import { makeFetch } from "./kafkajsFetch.js"
-import { makeWire } from "./kafkajsWire.js"
+import { makeReadWire, makeWire } from "./kafkajsWire.js"
 
 /** Consumer settings that are fixed for every session of one layer. @internal */
 export interface ConsumerSettings {
@@ -198,6 +202,12 @@ export const connect = (
     let closed = false
     let failure: DriverError | undefined
     let crash: unknown
+    /**
+     * Completed when the member has joined, or when kafkajs crashed without restarting; a crash kafkajs restarts from
+     * leaves it open. One per attempt of `connect`.
+     */
+    let settled = Deferred.unsafeMake<void>(FiberId.none)
+    let waitedForRestart = false
 
     /**
      * Entries queued since the first fetched batch of this turn of the event loop, handed to `poll` at the end of it.
@@ -329,9 +339,19 @@ export const connect = (
       ...(settings.maxBytes === undefined ? {} : { maxBytes: settings.maxBytes }),
       ...(settings.maxBytesPerPartition === undefined ? {} : { maxBytesPerPartition: settings.maxBytesPerPartition })
     })
+    // kafkajs's admin reads read-committed offsets: the latest offset it gives is the last stable offset.
     const admin = kafka.admin()
+    // Committed positions and high watermarks are read through a client of their own, whose socket layer makes the
+    // committed reads stable and reads the high watermark (see `makeReadWire`).
+    const readWire = makeReadWire()
+    const reader = makeClient(settings.client, { clientId: options.clientId, socketFactory: readWire.socketFactory })
+      .admin()
+    /** One committed read at a time: each says which partitions its OffsetFetch asks for. */
+    const reads = yield* Effect.makeSemaphore(1)
+    let unstableWarned = false
 
-    const topicOffsets = (topic: string) => admin.fetchTopicOffsets(topic)
+    /** The log start and the high watermark of each partition of the topic. */
+    const watermarks = (topic: string) => reader.fetchTopicOffsets(topic)
 
     const fetcher = makeFetch({
       consumer,
@@ -339,8 +359,10 @@ export const connect = (
       log,
       maxPollRecords: options.maxPollRecords,
       isClosed: () => closed,
-      offsets: async (tp): Promise<PartitionOffsets> => {
-        const found = (await topicOffsets(tp.topic)).find((p) => p.partition === tp.partition)
+      // Kafka answers OFFSET_OUT_OF_RANGE only past the high watermark: a position between the last stable offset
+      // and it is in range, and its records come once their transaction ends.
+      offsets: async (tp) => {
+        const found = (await watermarks(tp.topic)).find((p) => p.partition === tp.partition)
         if (found === undefined) throw new Error(`no partition ${TopicPartition.key(tp)}`)
         return { earliest: BigInt(found.low), latest: BigInt(found.high) }
       }
@@ -349,6 +371,7 @@ export const connect = (
     const onGroupJoin = (assignment: Record<string, Array<number>>, newMemberId: string) => {
       memberId = newMemberId
       joined = true
+      Deferred.unsafeDone(settled, Exit.void)
       if (isStatic) {
         if (owned.size === 0) {
           for (const tp of requested) owned.set(TopicPartition.key(tp), tp)
@@ -473,10 +496,25 @@ export const connect = (
         const out = new Map<string, CommittedPosition>()
         const wanted = byTopic(partitions)
         if (wanted.size === 0) return out
+        const only = new Map(Array.from(wanted, ([topic, list]) => [topic, new Set(list)] as const))
         const response = yield* Effect.tryPromise({
-          try: () => admin.fetchOffsets({ groupId: options.groupId, topics: Array.from(wanted.keys()) }),
+          try: () => {
+            readWire.only(only)
+            return reader.fetchOffsets({ groupId: options.groupId, topics: Array.from(wanted.keys()) })
+          },
           catch: driverError("committed")
-        })
+        }).pipe(
+          Effect.ensuring(Effect.sync(() => readWire.only(undefined))),
+          reads.withPermits(1)
+        )
+        if (readWire.stableReads() === false && !unstableWarned) {
+          unstableWarned = true
+          log(
+            "warning",
+            "the cluster does not take stable offset reads (OffsetFetch v7, Kafka 2.5 and later): a committed " +
+              "position read while a transaction that commits it completes can be the one before"
+          )
+        }
         for (const { topic, partitions: list } of response) {
           const want = wanted.get(topic)
           for (const { partition, offset, metadata } of list) {
@@ -507,13 +545,21 @@ export const connect = (
       Effect.gen(function*() {
         const out = new Map<string, PartitionOffsets>()
         for (const [topic, want] of byTopic(partitions)) {
-          const found = yield* Effect.tryPromise({ try: () => topicOffsets(topic), catch: driverError("offsets") })
+          const [ends, stable] = yield* Effect.all([
+            Effect.tryPromise({ try: () => watermarks(topic), catch: driverError("offsets") }),
+            Effect.tryPromise({ try: () => admin.fetchTopicOffsets(topic), catch: driverError("offsets") })
+          ], { concurrency: 2 })
           for (const partition of want) {
-            const p = found.find((entry) => entry.partition === partition)
-            if (p === undefined) {
+            const end = ends.find((entry) => entry.partition === partition)
+            const lso = stable.find((entry) => entry.partition === partition)
+            if (end === undefined || lso === undefined) {
               return yield* new DriverError({ operation: "offsets", reason: `no partition ${k(topic, partition)}` })
             }
-            out.set(k(topic, partition), { earliest: BigInt(p.low), latest: BigInt(p.high) })
+            const latest = BigInt(end.high)
+            // Read side by side, the last stable offset can come from a moment after the high watermark: it is kept
+            // at or below it, as it always is at any one moment.
+            const lastStable = BigInt(lso.high) < latest ? BigInt(lso.high) : latest
+            out.set(k(topic, partition), { earliest: BigInt(end.low), latest, lastStable })
           }
         }
         return out
@@ -544,11 +590,12 @@ export const connect = (
           Effect.timeoutOption(closeTimeout),
           Effect.catchAll((error) => Effect.logWarning(`kafkajs consumer did not disconnect cleanly: ${error.reason}`))
         )
-        yield* Effect.tryPromise({ try: () => admin.disconnect(), catch: driverError("disconnect") }).pipe(
-          Effect.interruptible,
-          Effect.timeoutOption("5 seconds"),
-          Effect.ignore
-        )
+        yield* Effect.forEach([admin, reader], (client) =>
+          Effect.tryPromise({ try: () => client.disconnect(), catch: driverError("disconnect") }).pipe(
+            Effect.interruptible,
+            Effect.timeoutOption("5 seconds"),
+            Effect.ignore
+          ), { concurrency: 2, discard: true })
         yield* Queue.shutdown(queue)
       })
     )
@@ -580,13 +627,70 @@ export const connect = (
           retriable: isRetriable(error),
           cause: error
         })
+        Deferred.unsafeDone(settled, Exit.void)
         enqueue({ _tag: "Wake" })
-      } else {
+      } else if (joined) {
         log("warning", `kafkajs consumer crashed and restarts: ${describe(error)}`)
+      } else {
+        // Joining while the coordinator loads or moves: `connect` waits for kafkajs's restart (once said is enough).
+        log(waitedForRestart ? "debug" : "info", `joining the group failed, kafkajs tries again: ${describe(error)}`)
+        waitedForRestart = true
       }
     })
 
+    /**
+     * Runs kafkajs's consumer until it has joined the group. Its `run` resolves after the first join, or once a failed
+     * join was handled as a crash. A crash on a condition that passes (the coordinator loading the group's offsets on
+     * a fresh or restarted broker: GROUP_LOAD_IN_PROGRESS; the coordinator moving or not found yet) must not fail
+     * `connect`: a first session would fail where waiting a moment succeeds. kafkajs restarts from the crashes it
+     * deems retriable by itself (its `restartOnFailure`), after its retry delay: the session waits for that restart.
+     * From the others it does not restart; those this adapter deems retriable (the coordinator not found, which
+     * kafkajs gives up on at once) are tried again here, with a backoff. Either way for no longer than the rebalance
+     * timeout, the time a join may take; past it, or on a condition that does not pass, `connect` fails with a
+     * `DriverError` that says which (retriable ones are retried by the runloop within its `reconnectTimeout`).
+     */
+    const join = Effect.gen(function*() {
+      const deadline = (yield* Clock.currentTimeMillis) + rebalanceTimeout
+      for (let attempt = 0;; attempt++) {
+        settled = yield* Deferred.make<void>()
+        yield* Effect.tryPromise({
+          try: () =>
+            consumer.run({
+              autoCommit: false,
+              eachBatchAutoResolve: false,
+              partitionsConsumedConcurrently: settings.partitionsConsumedConcurrently,
+              eachBatch
+            }),
+          catch: driverError("connect")
+        })
+        if (!joined && failure === undefined && crash !== undefined) {
+          const left = deadline - (yield* Clock.currentTimeMillis)
+          yield* Deferred.await(settled).pipe(Effect.timeoutOption(Duration.millis(Math.max(0, left))))
+        }
+        if (joined) return
+        const last = crash
+        const retriable = last !== undefined && isRetriable(last)
+        const left = deadline - (yield* Clock.currentTimeMillis)
+        if (!retriable || left <= 0 || failure === undefined) {
+          const reason = last === undefined ? "the consumer did not join its group" : describe(last)
+          return yield* new DriverError({
+            operation: "connect",
+            reason: retriable && left <= 0
+              ? `the consumer did not join its group within the rebalance timeout (${rebalanceTimeout} ms): ${reason}`
+              : reason,
+            retriable,
+            cause: last
+          })
+        }
+        log("info", `joining the group failed, trying again: ${describe(last)}`)
+        failure = undefined
+        crash = undefined
+        yield* Effect.sleep(Duration.millis(Math.min(left, 250 * 2 ** Math.min(attempt, 4))))
+      }
+    }).pipe(Effect.withClock(liveClock))
+
     yield* Effect.tryPromise({ try: () => admin.connect(), catch: driverError("connect") })
+    yield* Effect.tryPromise({ try: () => reader.connect(), catch: driverError("connect") })
     if (isStatic) {
       const metadata = yield* Effect.tryPromise({
         try: () => admin.fetchTopicMetadata({ topics }),
@@ -610,25 +714,7 @@ export const connect = (
       try: () => consumer.subscribe({ topics, fromBeginning: true }),
       catch: driverError("subscribe")
     })
-    yield* Effect.tryPromise({
-      try: () =>
-        consumer.run({
-          autoCommit: false,
-          eachBatchAutoResolve: false,
-          partitionsConsumedConcurrently: settings.partitionsConsumedConcurrently,
-          eachBatch
-        }),
-      catch: driverError("connect")
-    })
-    // `run` resolves after the first join, or after kafkajs handled a failed join as a crash.
-    if (!joined) {
-      return yield* new DriverError({
-        operation: "connect",
-        reason: crash === undefined ? "the consumer did not join its group" : describe(crash),
-        retriable: crash !== undefined && isRetriable(crash),
-        cause: crash
-      })
-    }
+    yield* join
 
     const session: DriverSession = {
       get memberId() {

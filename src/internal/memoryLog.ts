@@ -75,11 +75,16 @@ export const makeTopic = (name: string, partitions: number, compacted: boolean):
 })
 
 /**
- * The earliest offset and, as a read-committed consumer sees the log, the latest: the last stable offset.
+ * The earliest offset, the end of the log (the high watermark: this broker has one replica, so every write is
+ * acknowledged by all of them at once) and the last stable offset.
  *
  * @internal
  */
-export const offsets = (log: PartitionLog): PartitionOffsets => ({ earliest: log.start, latest: stable(log) })
+export const offsets = (log: PartitionLog): PartitionOffsets => ({
+  earliest: log.start,
+  latest: log.end,
+  lastStable: stable(log)
+})
 
 /**
  * The index of the first record at or above `position`. Without gaps that is `position` minus the first offset, which
@@ -101,10 +106,12 @@ const lowerBound = (records: ReadonlyArray<ConsumerRecord>, position: bigint): n
 }
 
 /**
- * What a fetch at `position` returns: `OutOfRange` when the position is not in the log; nothing when it is at the
- * log's end; else up to `max` records and the position after them. When the fetch reaches the last readable record,
- * it continues at the log's end: the offsets in between hold nothing to read. A fetch that finds only such offsets
- * (a trailing marker, an aborted transaction) returns no record and the log's end.
+ * What a fetch at `position` returns: `OutOfRange` when the position is not in the log (below its start, above its
+ * end); nothing when it is at or past what the consumer may read (the log's end, or for a read-committed consumer the
+ * last stable offset: a position between that and the end waits for the open transaction there to end, without an
+ * `OutOfRange`); else up to `max` records and the position after them. When the fetch reaches the last readable
+ * record, it continues at that limit: the offsets in between hold nothing to read. A fetch that finds only such
+ * offsets (a trailing marker, an aborted transaction) returns no record and the limit.
  *
  * @internal
  */

@@ -1,5 +1,6 @@
 /**
- * Starts a single-node Kafka broker for the test run when `KAFKA_BROKERS` is unset, and stops it afterwards.
+ * Starts a single-node Kafka broker for the test run when `KAFKA_BROKERS` is unset, and stops it afterwards
+ * (`KAFKA_VERSION` picks its release, as for scripts/kafka.sh).
  *
  * The address reaches the test workers twice: in `process.env.KAFKA_BROKERS` (workers are started after global setup
  * and inherit the environment) and through `inject("kafkaBrokers")`. When no broker can be started (no Java, no
@@ -55,7 +56,11 @@ export default async function setup(project: TestProject): Promise<(() => Promis
   process.env.KAFKA_BROKERS = brokers
   project.provide("kafkaBrokers", brokers)
   project.provide("kafkaSetupError", "")
-  process.stderr.write(`[kafka] broker ${brokers} ready in ${((Date.now() - started) / 1000).toFixed(1)}s\n`)
+  // scripts/kafka.sh runs the release KAFKA_VERSION names (3.9.1 when unset).
+  const version = process.env.KAFKA_VERSION ?? "3.9.1"
+  process.stderr.write(
+    `[kafka] Apache Kafka ${version} broker ${brokers} ready in ${((Date.now() - started) / 1000).toFixed(1)}s\n`
+  )
   return async () => {
     delete process.env.KAFKA_BROKERS
     await teardown()
