@@ -403,7 +403,8 @@ export const replay = (options: {
             const k = TopicPartition.key(tp)
             const range = offsets.get(k)
             const start = committed.get(k) ?? range?.earliest ?? 0n
-            if (!ends.has(k)) ends.set(k, range?.latest ?? 0n)
+            // It reads read_committed: the end it can reach is the last stable offset.
+            if (!ends.has(k)) ends.set(k, range?.lastStable ?? 0n)
             positions.set(k, start)
             yield* session.seek(tp, start)
           }

@@ -250,4 +250,30 @@ describe("positions outside the log follow offsetReset", () => {
       assert.isTrue(logs.lines.some((l) => l.includes("position 20 of t-0 is out of its log (offsets 30 to 40)")), logs.lines.join("\n"))
     }).pipe(Effect.provide(InMemoryKafka.layer()), Effect.provide(logs.layer))
   })
+
+  it.effect("latest, read_committed: a partition with nothing committed starts at the last stable offset, and an open transaction's records are handled once it commits", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      yield* kafka.createTopic("t", 1)
+      yield* kafka.produce("t", Array.from({ length: 10 }, (_, i) => ({ value: String(i) })))
+      const epoch = yield* kafka.initProducer("tx", "1 hour")
+      yield* kafka.transactionalProduce("tx", epoch, "t", Array.from({ length: 5 }, (_, i) => ({ value: `tx-${i}` })))
+      const handled: Array<string> = []
+      const assigned = yield* Deferred.make<void>()
+      const fiber = yield* Consumer.run(
+        { groupId: "g", topics: ["t"], offsetReset: "latest" },
+        (records) =>
+          Effect.sync(() => {
+            for (const r of records) handled.push(new TextDecoder().decode(r.value!))
+          }),
+        // Runs once the partition was sought to its start.
+        { onAssign: () => Deferred.succeed(assigned, undefined) }
+      ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })), Effect.fork)
+      yield* Deferred.await(assigned)
+      yield* kafka.endTransaction("tx", epoch, "commit")
+      yield* settled("the transaction's records handled", Effect.sync(() => handled.length === 5))
+      yield* Fiber.interrupt(fiber)
+      // Started at the last stable offset (10), not at the end of the log (15): the transaction's records are read.
+      assert.deepStrictEqual(handled, ["tx-0", "tx-1", "tx-2", "tx-3", "tx-4"])
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
 })

@@ -319,6 +319,32 @@ describe("Observability: lag", () => {
       yield* Fiber.interrupt(fiber)
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
 
+  for (const isolationLevel of ["read_committed", "read_uncommitted"] as const) {
+    it.live(`${isolationLevel}: the lag counts to what the consumer can read (${isolationLevel === "read_committed" ? "the last stable offset" : "the high watermark"})`, () =>
+      Effect.gen(function*() {
+        const kafka = yield* InMemoryKafka.InMemoryKafka
+        const topic = fresh("obs-lag-open")
+        const groupId = fresh("g")
+        yield* kafka.createTopic(topic, 1)
+        yield* produce(topic, 1, 10)
+        // A transaction left open on the partition: 5 records past the last stable offset (10).
+        const epoch = yield* kafka.initProducer(`${topic}-tx`, "1 hour")
+        yield* kafka.transactionalProduce(`${topic}-tx`, epoch, topic, Array.from({ length: 5 }, () => ({ value: "t" })))
+        const fiber = yield* Consumer.run({ groupId, topics: [topic], isolationLevel }, () => Effect.void).pipe(
+          Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "10 millis" })),
+          Effect.fork
+        )
+        const reachable = isolationLevel === "read_committed" ? 10n : 15n
+        yield* eventually(
+          "what can be read committed",
+          Effect.map(InMemoryKafka.committed(groupId), (batch) => batch.positions.get(`${topic}-0`) === reachable)
+        )
+        const snapshot = yield* nextSnapshot(groupId)
+        assert.deepStrictEqual(snapshot.partitions, [{ topic, partition: 0, position: reachable, latest: reachable, lag: 0n }])
+        yield* Fiber.interrupt(fiber)
+      }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
+  }
+
   it.live("under transactional, the lag counts from the stored position", () =>
     Effect.gen(function*() {
       const topic = fresh("obs-lag-stored")

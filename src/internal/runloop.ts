@@ -14,7 +14,13 @@ import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
 import { CommitPolicy, type PolicyContext, type PolicyError, type PolicyInstance } from "../CommitPolicy.js"
 import type { ConsumerRecord } from "../ConsumerRecord.js"
-import { Driver, type DriverEvent, type DriverSession, type SessionOptions } from "../Driver.js"
+import {
+  Driver,
+  type DriverEvent,
+  type DriverSession,
+  type PartitionOffsets,
+  type SessionOptions
+} from "../Driver.js"
 import { dueOf } from "../FailureRoute.js"
 import { Crashed, Faults } from "../Faults.js"
 import {
@@ -199,7 +205,9 @@ const lagReports = (
   telemetry: ConsumerTelemetry,
   session: DriverSession,
   owned: ReadonlyMap<string, PartitionState>,
-  scope: Scope.Scope
+  scope: Scope.Scope,
+  /** A `read_committed` consumer can reach the last stable offset; a `read_uncommitted` one the high watermark. */
+  readCommitted: boolean
 ): Effect.Effect<void> => {
   const { settings } = telemetry
   const snapshot = (partitions: ReadonlyArray<PartitionLag>) =>
@@ -219,9 +227,10 @@ const lagReports = (
         if (state.paused) paused++
         const offsets = latest.get(state.key)
         if (offsets === undefined) continue
-        const position = telemetry.positions.get(state.key) ?? offsets.latest
-        const lag = offsets.latest > position ? offsets.latest - position : 0n
-        partitions.push({ ...state.tp, position, latest: offsets.latest, lag })
+        const reachable = readCommitted ? offsets.lastStable : offsets.latest
+        const position = telemetry.positions.get(state.key) ?? reachable
+        const lag = reachable > position ? reachable - position : 0n
+        partitions.push({ ...state.tp, position, latest: reachable, lag })
         if (settings.metrics) {
           const { labels } = telemetry.partition(state.tp).set
           metrics.lag.unsafeUpdate(Number(lag), labels)
@@ -853,12 +862,19 @@ const runSession = <E, R, EH, RH>(
     const reset = (
       tp: TopicPartition.TopicPartition,
       position: bigint | null,
-      range: { readonly earliest: bigint; readonly latest: bigint }
+      range: PartitionOffsets
     ): Effect.Effect<bigint, OffsetOutOfRange> => {
       if (config.offsetReset === "none") {
-        return Effect.fail(new OffsetOutOfRange({ ...tp, position, ...range }))
+        return Effect.fail(
+          new OffsetOutOfRange({ ...tp, position, earliest: range.earliest, latest: range.latest })
+        )
       }
-      const target = config.offsetReset === "earliest" ? range.earliest : range.latest
+      // The latest a read_committed consumer can read is the last stable offset, as the Java client resets to.
+      const target = config.offsetReset === "earliest"
+        ? range.earliest
+        : config.session.isolationLevel === "read_uncommitted"
+        ? range.latest
+        : range.lastStable
       if (position === null) return Effect.succeed(target)
       return Effect.as(
         Effect.logWarning(
@@ -873,7 +889,7 @@ const runSession = <E, R, EH, RH>(
     const startPosition = (
       tp: TopicPartition.TopicPartition,
       position: bigint | undefined,
-      range: { readonly earliest: bigint; readonly latest: bigint } | undefined
+      range: PartitionOffsets | undefined
     ): Effect.Effect<bigint, OffsetOutOfRange | DriverError> => {
       if (range === undefined) {
         return Effect.fail(
@@ -1188,7 +1204,9 @@ const runSession = <E, R, EH, RH>(
       })
     )
 
-    if (telemetry !== undefined) yield* lagReports(telemetry, session, owned, sessionScope)
+    if (telemetry !== undefined) {
+      yield* lagReports(telemetry, session, owned, sessionScope, config.session.isolationLevel !== "read_uncommitted")
+    }
 
     const loop = guard(session.poll).pipe(
       Effect.flatMap((events) => {
