@@ -340,6 +340,9 @@ export class CircuitOpen<out E = unknown> extends Data.TaggedError("CircuitOpen"
  * - `Closed`: the producer was shut down before the record was sent;
  * - `BufferFull`: the records waiting to be sent already filled the producer's `bufferMemory`, and stayed so for
  *   `maxBlock`: the record was not sent (the Java client's `buffer.memory` and `max.block.ms`);
+ * - `OutcomeUnknown`: the cluster refused another record of the request this record was sent in, and the client
+ *   cannot tell whether this one was written (kafkajs keeps one error per produce request): it may have been, and
+ *   sending it again can duplicate it;
  * - `Other`: any other refusal; `detail` says what the client said.
  *
  * @since 0.1.0
@@ -366,6 +369,7 @@ export class ProduceFailed extends Schema.TaggedError<ProduceFailed>()("ProduceF
     "Unauthorized",
     "Closed",
     "BufferFull",
+    "OutcomeUnknown",
     "Other"
   ),
   topic: Schema.String,

@@ -250,15 +250,19 @@ export interface ProducerConfig extends ConnectionConfig, ProducerSettings {}
  * The `Producer` on kafkajs. Settings are checked first (`InvalidConfig` naming the setting, before anything
  * connects); then a kafkajs producer and admin client connect (`DriverError` when the cluster cannot be reached).
  *
- * - Records from every fiber are batched as `Producer` says and sent with one kafkajs `sendBatch` per batch, which
- *   sends one produce request per broker.
+ * - Records from every fiber are batched as `Producer` says. A batch is sent with one kafkajs `sendBatch` per leader
+ *   of its partitions (as the admin client last read them; one for the whole batch on a single broker), each one
+ *   produce request, answered on its own: a leader that refuses its records, or cannot be reached, fails only them.
  * - Partitions are chosen here (murmur2 of the key as in Java; one partition per batch for records without a key),
  *   from partition counts the admin client reads; kafkajs's partitioner is not used. A record for a topic that does
  *   not exist fails with `UnknownTopic` (kafkajs never asks the cluster to create topics), one naming a partition the
  *   topic does not have with `UnknownPartition`, without failing the others of its batch.
- * - A batch the broker refuses fails each of its records with the same `ProduceFailed`, classified by the broker's
+ * - A request the broker refuses fails each of its records with the same `ProduceFailed`, classified by the broker's
  *   error (`code`). kafkajs retries retriable refusals first, without end for an idempotent producer unless `retry`
- *   says otherwise.
+ *   says otherwise. The broker answers per partition, but kafkajs keeps only the first partition's error and drops the
+ *   rest of the answer, though the partitions without an error were written: when a request of several partitions is
+ *   refused that way, its records fail with `OutcomeUnknown`, and a `detail` that begins "outcome unknown" (each may or
+ *   may not have been written; sending it again can duplicate it), unless the reason already says as much (`retriable`).
  * - Compression: `"gzip"` (kafkajs has the other codecs only as plugins).
  *
  * @since 0.1.0

@@ -107,6 +107,22 @@ export interface Settings {
    * 30 seconds.
    */
   readonly closeTimeout?: Duration.DurationInput | undefined
+  /**
+   * The most bytes of records (counted as `batchSize` counts them) the producer holds at once, from their send until
+   * they are answered, in the buffer or in flight (`buffer.memory`). A send that would pass it waits for room, up to
+   * `maxBlock`; meanwhile the buffer goes out without waiting for `linger`. At least `maxRequestSize`, so that any
+   * record fits. Default 32 MiB.
+   *
+   * @since 0.2.0
+   */
+  readonly bufferMemory?: number | undefined
+  /**
+   * How long a send waits for room in a full buffer (`max.block.ms`) before the records that did not get in fail with
+   * `ProduceFailed` (`BufferFull`): they are not sent. `0` fails them at once. Default 60 seconds.
+   *
+   * @since 0.2.0
+   */
+  readonly maxBlock?: Duration.DurationInput | undefined
 }
 
 /**
@@ -114,12 +130,14 @@ export interface Settings {
  *
  * - `send` writes one record and returns where it was written, once acknowledged as `acks` says.
  * - `sendAll` writes records in the order given (records of one partition are written in that order) and returns
- *   their metadata in the same order. Every record is sent; if some fail, it fails with the first failure in the
- *   order given, and the others may have been written.
+ *   their metadata in the same order. If some fail, it fails with the first failure in the order given, and the
+ *   others may have been written.
  * - `flush` waits until every record sent before it is written or has failed, without waiting for `linger`.
  *
- * A record handed over is sent even if the fiber that sent it is interrupted. When the producer's scope closes,
- * records already sent are written (for up to `closeTimeout`); sends after that fail with `Closed`.
+ * A record handed over is sent even if the fiber that sent it is interrupted. A send may wait for room first, when
+ * the records held reach `bufferMemory`: records of it that are not in the buffer after `maxBlock` fail with
+ * `BufferFull`, and are never sent, as are those of a send interrupted while it waits. When the producer's scope
+ * closes, records already sent are written (for up to `closeTimeout`); sends after that fail with `Closed`.
  *
  * @since 0.1.0
  * @category tags
@@ -171,10 +189,13 @@ export interface TransactionalSettings extends Omit<Settings, "acks" | "idempote
 
 /**
  * A transactional producer. `transaction(body)` runs `body` with a `Producer` whose sends go into one Kafka
- * transaction: when `body` succeeds and every send succeeded, the transaction commits (with `offsets`, when given);
- * when `body` fails, a send
- * failed, or the fiber is interrupted, it is aborted. Consumers reading `read_committed` see all of a committed
- * transaction's records and none of an aborted one's. Transactions of one producer run one after another.
+ * transaction: when `body` succeeds and every send succeeded, the transaction commits (with `offsets`, when given).
+ * Once a send of the transaction failed, whatever the reason (refused before it was sent, as `RecordTooLarge`, or by
+ * the cluster) and whether or not `body` caught the failure, the transaction cannot commit, as with the Java client:
+ * it is aborted, and `transaction` fails with `TransactionFailed` (`Aborted`), or with `body`'s own failure when `body`
+ * failed. It is aborted too when `body` fails or the fiber is interrupted. Consumers reading `read_committed` see all
+ * of a committed transaction's records and none of an aborted one's. Transactions of one producer run one after
+ * another.
  *
  * When the layer starts, the producer fences every earlier producer with the same `transactionalId`: a zombie
  * (a paused or partitioned instance the rest of the system has replaced) can commit nothing after that. Its sends fail
@@ -223,12 +244,13 @@ export class TransactionalProducers extends Context.Tag("effect-kafka-delivery/T
 >() {}
 
 /**
- * Runs `body` in a transaction of the `TransactionalProducer` (see there).
+ * Runs `body` in a transaction of the `TransactionalProducer` (see there), committing `offsets` with it when given.
  *
  * @since 0.1.0
  * @category transactions
  */
 export const transaction = <A, E, R>(
-  body: Effect.Effect<A, E, R>
+  body: Effect.Effect<A, E, R>,
+  options?: { readonly offsets?: TransactionOffsets | undefined }
 ): Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer> | TransactionalProducer> =>
-  Effect.flatMap(TransactionalProducer, (producer) => producer.transaction(body))
+  Effect.flatMap(TransactionalProducer, (producer) => producer.transaction(body, options))

@@ -1,9 +1,10 @@
-import { assert, describe, it } from "@effect/vitest"
+import { assert, describe, expectTypeOf, it } from "@effect/vitest"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import * as TestClock from "effect/TestClock"
 import * as fc from "effect/FastCheck"
@@ -11,9 +12,9 @@ import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import { murmur2, partitionOfKey } from "../src/internal/murmur2.js"
 import { utf8Encode, utf8Length } from "../src/internal/utf8.js"
 import * as internal from "../src/internal/producer.js"
-import { ProduceFailed } from "../src/KafkaError.js"
+import { ProduceFailed, type TransactionFailed } from "../src/KafkaError.js"
 import { Producer as ProducerTag } from "../src/Producer.js"
-import type * as Producer from "../src/Producer.js"
+import * as Producer from "../src/Producer.js"
 import { producerSuite, ProducerTestKit } from "./producerSuite.js"
 import { settled } from "./support/kit.js"
 
@@ -96,7 +97,12 @@ const fakeTransport = () => {
     hold: () => {
       holding = true
     },
-    openAll: Effect.suspend(() => Effect.forEach(gates, (g) => Deferred.succeed(g, undefined), { discard: true }))
+    openAll: Effect.suspend(() => Effect.forEach(gates, (g) => Deferred.succeed(g, undefined), { discard: true })),
+    /** Stops holding: what is held is answered, and what comes next at once (a test's scope can close). */
+    release: Effect.suspend(() => {
+      holding = false
+      return Effect.forEach(gates, (g) => Deferred.succeed(g, undefined), { discard: true })
+    })
   }
 }
 
@@ -367,4 +373,232 @@ describe("transactions: a client whose send failed starts over", () => {
       yield* producer.transaction(sendOne)
       assert.strictEqual(state.inits, 2)
     }))
+})
+
+describe("bufferMemory and maxBlock: the records held are bounded", () => {
+  /** A record of `bytes` bytes as the producer counts them (value, key and overhead). */
+  const sized = (key: string, bytes: number): Producer.ProducerRecord => {
+    const record = { topic: "t", key, value: "" }
+    return { ...record, value: "v".repeat(bytes - internal.sizeOf(record)) }
+  }
+  const bounded = { linger: 0, bufferMemory: 1_000, maxRequestSize: 1_000 } as const
+  /** Lets the other fibers run until `condition` holds, for a bounded number of turns; fails by assertion if not. */
+  const eventually = (what: string, condition: Effect.Effect<boolean>, turns = 1_000) =>
+    Effect.gen(function*() {
+      for (let i = 0; i < turns; i++) {
+        if (yield* condition) return
+        yield* Effect.yieldNow()
+      }
+      assert.fail(`never happened: ${what}`)
+    })
+  const keysOf = (batches: ReadonlyArray<ReadonlyArray<Producer.ProducerRecord>>) =>
+    batches.flatMap((b) => b.map((r) => String(r.key)))
+
+  it.scoped("a send that does not fit waits maxBlock for room, then fails with BufferFull; none of it is sent", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      fake.hold()
+      const producer = yield* producerOn({ ...bounded, maxBlock: "5 seconds" }, fake.transport)
+      yield* Effect.addFinalizer(() => fake.release)
+      const first = yield* Effect.fork(producer.send(sized("first", 600)))
+      yield* eventually("first in flight", Effect.sync(() => fake.batches.length === 1))
+      const second = yield* Effect.fork(producer.send(sized("second", 600)))
+      yield* eventually("second waits for room", Effect.map(TestClock.sleeps(), (sleeps) => sleeps.length === 1))
+      yield* TestClock.adjust("4999 millis")
+      assert.isTrue(Option.isNone(yield* Fiber.poll(second)), "the send waits until maxBlock has passed")
+      yield* TestClock.adjust("1 millis")
+      for (let i = 0; i < 100 && Option.isNone(yield* Fiber.poll(second)); i++) yield* Effect.yieldNow()
+      assert.isTrue(Option.isSome(yield* Fiber.poll(second)), "the send is answered once maxBlock has passed")
+      const error = yield* Effect.flip(Fiber.join(second))
+      assert.strictEqual(error.reason, "BufferFull")
+      assert.include(error.message, "maxBlock")
+      yield* fake.openAll
+      assert.strictEqual((yield* Fiber.join(first)).offset, 0n)
+      // Room again: the next send goes through, and the refused one was never sent.
+      const third = yield* Effect.fork(producer.send(sized("third", 600)))
+      yield* eventually("third in flight", Effect.sync(() => fake.batches.length === 2))
+      yield* fake.openAll
+      yield* Fiber.join(third)
+      assert.deepStrictEqual(keysOf(fake.batches), ["first", "third"])
+    }))
+
+  it.scoped("waiting sends get in, in the order they came, once the records ahead are answered", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      fake.hold()
+      const producer = yield* producerOn(bounded, fake.transport)
+      yield* Effect.addFinalizer(() => fake.release)
+      const three = yield* Effect.fork(producer.sendAll(["a", "b", "c"].map((key) => sized(key, 300))))
+      yield* eventually("a, b and c in flight", Effect.sync(() => fake.batches.length === 1))
+      const d = yield* Effect.fork(producer.send(sized("d", 300)))
+      // e would fit beside a, b and c; it must not pass d, which came first.
+      const e = yield* Effect.fork(producer.send(sized("e", 50)))
+      for (let i = 0; i < 100; i++) yield* Effect.yieldNow()
+      assert.deepStrictEqual(keysOf(fake.batches), ["a", "b", "c"], "nothing passes the bound")
+      const done = Effect.map(Effect.all([Fiber.poll(d), Fiber.poll(e)]), (polls) => polls.every(Option.isSome))
+      for (let i = 0; i < 1_000 && !(yield* done); i++) {
+        yield* fake.openAll
+        yield* Effect.yieldNow()
+      }
+      assert.isTrue(yield* done, "d and e got in")
+      yield* Fiber.join(three)
+      yield* Fiber.join(d)
+      assert.deepStrictEqual(keysOf(fake.batches), ["a", "b", "c", "d", "e"])
+    }))
+
+  it.scoped("the bytes in flight and in the buffer never pass bufferMemory, whatever the senders do", () =>
+    Effect.gen(function*() {
+      // A transport that answers a batch a few steps after it got it, and measures the batches it has not answered
+      // yet: up to three in flight, of up to 400 bytes each, would pass 1,000 bytes without the bound.
+      let unanswered = 0
+      let most = 0
+      const transport: internal.Transport = {
+        write: (batch) =>
+          Effect.gen(function*() {
+            const bytes = batch.reduce((n, r) => n + internal.sizeOf(r), 0)
+            unanswered += bytes
+            most = Math.max(most, unanswered)
+            for (let i = 0; i < 5; i++) yield* Effect.yieldNow()
+            unanswered -= bytes
+            return batch.map((r, i): internal.Written => ({ topic: r.topic, partition: 0, offset: BigInt(i) }))
+          })
+      }
+      const producer = yield* producerOn(
+        { ...bounded, batchSize: 400, idempotent: false, maxInFlightRequests: 3 },
+        transport
+      )
+      const sizes = Array.from({ length: 60 }, (_, i) => 30 + ((i * 37) % 250))
+      const senders = yield* Effect.fork(Effect.forEach(sizes, (bytes, i) =>
+        i % 3 === 0
+          ? Effect.asVoid(producer.sendAll([sized(`${i}`, bytes), sized(`${i}b`, 30)]))
+          : Effect.asVoid(producer.send(sized(`${i}`, bytes))), { concurrency: "unbounded", discard: true }))
+      yield* eventually("every send answered", Effect.map(Fiber.poll(senders), Option.isSome), 20_000)
+      yield* Fiber.join(senders)
+      assert.isAtMost(most, 1_000)
+      assert.isAbove(most, 500, "the bound was reached: the test measured something")
+    }))
+
+  it.scoped("flush waits for the sends waiting for room too, and sends them without waiting for linger", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      fake.hold()
+      const producer = yield* producerOn({ ...bounded, linger: "1 hour" }, fake.transport)
+      yield* Effect.addFinalizer(() => fake.release)
+      const a = yield* Effect.fork(producer.send(sized("a", 600)))
+      yield* Effect.yieldNow()
+      const b = yield* Effect.fork(producer.send(sized("b", 600)))
+      // b waits for room, so a goes out at once, though linger is an hour.
+      yield* eventually("a in flight", Effect.sync(() => fake.batches.length === 1))
+      const flushing = yield* Effect.fork(producer.flush)
+      for (let i = 0; i < 1_000 && Option.isNone(yield* Fiber.poll(flushing)); i++) {
+        yield* fake.openAll
+        yield* Effect.yieldNow()
+      }
+      assert.isTrue(Option.isSome(yield* Fiber.poll(flushing)), "the flush ended without waiting for linger")
+      assert.deepStrictEqual(keysOf(fake.batches), ["a", "b"])
+      yield* Fiber.join(a)
+      yield* Fiber.join(b)
+    }))
+
+  it.scoped("a send interrupted while it waits for room is never sent", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      fake.hold()
+      const producer = yield* producerOn(bounded, fake.transport)
+      yield* Effect.addFinalizer(() => fake.release)
+      const first = yield* Effect.fork(producer.send(sized("first", 700)))
+      yield* eventually("first in flight", Effect.sync(() => fake.batches.length === 1))
+      const waiting = yield* Effect.fork(producer.send(sized("interrupted", 700)))
+      yield* eventually("waits for room", Effect.map(TestClock.sleeps(), (sleeps) => sleeps.length === 1))
+      yield* Fiber.interrupt(waiting)
+      yield* fake.openAll
+      yield* Fiber.join(first)
+      const next = yield* Effect.fork(producer.send(sized("next", 700)))
+      yield* eventually("next in flight", Effect.sync(() => fake.batches.length === 2))
+      yield* fake.openAll
+      yield* Fiber.join(next)
+      assert.deepStrictEqual(keysOf(fake.batches), ["first", "next"])
+    }))
+
+  it.scoped("closing the producer fails the sends that wait for room with Closed", () =>
+    Effect.gen(function*() {
+      const fake = fakeTransport()
+      fake.hold()
+      const scope = yield* Scope.make()
+      const producer = yield* producerOn({ ...bounded, closeTimeout: "1 second" }, fake.transport).pipe(
+        Scope.extend(scope)
+      )
+      yield* Effect.addFinalizer(() => fake.release)
+      yield* Effect.fork(producer.send(sized("first", 700)))
+      yield* eventually("first in flight", Effect.sync(() => fake.batches.length === 1))
+      const waiting = yield* Effect.fork(producer.send(sized("waiting", 700)))
+      yield* eventually("waits for room", Effect.map(TestClock.sleeps(), (sleeps) => sleeps.length === 1))
+      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      const error = yield* Effect.flip(Fiber.join(waiting))
+      assert.strictEqual(error.reason, "Closed")
+      yield* fake.openAll
+      yield* Fiber.join(closing)
+      assert.deepStrictEqual(keysOf(fake.batches), ["first"])
+    }))
+})
+
+describe("transactions: one rule for a failed send", () => {
+  const okClient = (): internal.TxnClient => ({
+    transactionalId: "t-rule",
+    init: Effect.void,
+    begin: Effect.succeed({
+      write: (batch) =>
+        Effect.succeed(batch.map((r, i): internal.Written =>
+          r.topic === "missing" ? internal.unknownTopic("missing") : { topic: r.topic, partition: 0, offset: BigInt(i) }
+        )),
+      sendOffsets: () => Effect.void,
+      commit: Effect.void,
+      abort: Effect.void
+    })
+  })
+
+  it.scoped("a send refused before it is sent (RecordTooLarge) or by the cluster (UnknownTopic), caught, aborts", () =>
+    Effect.gen(function*() {
+      const resolved = yield* internal.resolve({ linger: 0, maxRequestSize: 100 })
+      const producer = yield* internal.makeTransactional(resolved, okClient())
+      for (const refused of [{ topic: "t", value: "x".repeat(200) }, { topic: "missing", value: "x" }]) {
+        const body = Effect.flatMap(ProducerTag, (p) =>
+          Effect.zipRight(p.send({ topic: "t", value: "ok" }), Effect.either(p.send(refused))))
+        const result = yield* Effect.either(producer.transaction(body))
+        assert.isTrue(
+          result._tag === "Left" && result.left._tag === "TransactionFailed" && result.left.reason === "Aborted",
+          `a caught failure of ${refused.topic} aborts the transaction`
+        )
+      }
+    }))
+})
+
+describe("Producer.transaction, the module's accessor", () => {
+  it.effect("commits offsets with the transaction, as the service's own transaction does", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      yield* kafka.createTopic("orders", 1)
+      yield* kafka.createTopic("invoices", 1)
+      const offsets = { groupId: "billing", positions: [{ topic: "orders", partition: 0, next: 7n }] }
+      yield* Producer.transaction(Producer.send({ topic: "invoices", value: "invoice" }), { offsets }).pipe(
+        Effect.provide(InMemoryKafka.layerTransactionalProducer({ transactionalId: "accessor", linger: 0 }))
+      )
+      const committed = yield* InMemoryKafka.committed("billing")
+      assert.strictEqual(committed.positions.get("orders-0"), 7n)
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
+
+  it("takes the options the service's transaction takes, and keeps the body's types", () => {
+    const offsets = { groupId: "g", positions: [{ topic: "t", partition: 0, next: 1n }] }
+    const program = Producer.transaction(Producer.send({ topic: "t", value: "v" }), { offsets })
+    expectTypeOf(program).toEqualTypeOf<
+      Effect.Effect<Producer.RecordMetadata, ProduceFailed | TransactionFailed, Producer.TransactionalProducer>
+    >()
+    expectTypeOf(Producer.transaction<number, never, never>).parameter(1).toEqualTypeOf<
+      Parameters<Producer.TransactionalProducer["Type"]["transaction"]>[1]
+    >()
+    // @ts-expect-error a position is a bigint, the next offset to read
+    Producer.transaction(Effect.void, { offsets: { groupId: "g", positions: [{ topic: "t", partition: 0, next: 1 }] } })
+    // @ts-expect-error offsets name their group
+    Producer.transaction(Effect.void, { offsets: { positions: [] } })
+  })
 })

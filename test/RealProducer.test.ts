@@ -7,19 +7,26 @@ import { Kafka, logLevel } from "kafkajs"
 import { inject } from "vitest"
 import * as Producer from "../src/Producer.js"
 import * as KafkaJs from "../src/KafkaJs.js"
-import { producerSuite, ProducerTestKit } from "./producerSuite.js"
+import { valueString } from "../src/ConsumerRecord.js"
+import { producerSuite, ProducerTestKit, readTopic } from "./producerSuite.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 
 if (brokers) {
   const list = brokers.split(",")
+  const readerLayer = KafkaJs.layer({
+    brokers: list,
+    clientId: "producer-suite-reader",
+    maxWaitTime: "100 millis",
+    logLevel: "error"
+  })
   producerSuite(
     "KafkaJs producer",
     (settings) => KafkaJs.layerProducer({ brokers: list, clientId: "producer-suite", logLevel: "nothing", ...settings }),
     (settings) => KafkaJs.layerTransactionalProducer({ brokers: list, logLevel: "nothing", ...settings }),
     () =>
       Layer.merge(
-        KafkaJs.layer({ brokers: list, clientId: "producer-suite-reader", maxWaitTime: "100 millis", logLevel: "error" }),
+        readerLayer,
         Layer.succeed(ProducerTestKit, {
           createTopic: (topic, partitions) => KafkaJs.createTopic(list, topic, partitions)
         })
@@ -27,23 +34,59 @@ if (brokers) {
   )
 
   describe("KafkaJs producer: refusals only the broker knows", () => {
+    /** Creates a topic of one partition that takes records of at most 1,000 bytes. */
+    const smallMessagesTopic = Effect.gen(function*() {
+      const topic = `small-messages-${crypto.randomUUID().slice(0, 8)}`
+      yield* Effect.tryPromise(async () => {
+        const admin = new Kafka({ brokers: list, logLevel: logLevel.NOTHING }).admin()
+        await admin.connect()
+        try {
+          await admin.createTopics({
+            topics: [{ topic, numPartitions: 1, configEntries: [{ name: "max.message.bytes", value: "1000" }] }],
+            waitForLeaders: false
+          })
+        } finally {
+          await admin.disconnect()
+        }
+      })
+      // kafkajs's own wait for leaders gives up on a new topic's UNKNOWN_TOPIC_OR_PARTITION; this one waits.
+      yield* KafkaJs.createTopic(list, topic, 1)
+      return topic
+    })
+
+    it.live("a request refused for one of its partitions: the other was written, and its failure says the outcome is unknown", () =>
+      Effect.gen(function*() {
+        const small = yield* smallMessagesTopic
+        const normal = `normal-${crypto.randomUUID().slice(0, 8)}`
+        yield* KafkaJs.createTopic(list, normal, 1)
+        // One broker leads both partitions: kafkajs writes both records in one produce request.
+        const [kept, refused] = yield* Effect.all([
+          Effect.flip(Producer.send({ topic: normal, value: "kept" })),
+          Effect.flip(Producer.send({ topic: small, value: new Uint8Array(5_000) }))
+        ], { concurrency: "unbounded" })
+        const normalLog = yield* readTopic(normal, 1)
+        const smallLog = yield* readTopic(small, 1)
+        // What the broker did: wrote the record to normal, refused the one to small.
+        assert.deepStrictEqual(normalLog[0]!.map(valueString), ["kept"])
+        assert.deepStrictEqual(smallLog[0]!, [])
+        // What the producer can say: kafkajs reports MESSAGE_TOO_LARGE for the request, not for which partition.
+        for (const error of [kept, refused]) {
+          assert.strictEqual(error.reason, "OutcomeUnknown", `not said refused: ${error.message}`)
+          assert.match(error.detail ?? "", /^outcome unknown/, error.message)
+          assert.include(error.detail ?? "", "MESSAGE_TOO_LARGE")
+        }
+        // The producer goes on.
+        const after = yield* Producer.send({ topic: normal, value: "after" })
+        assert.strictEqual(after.offset, normalLog[0]![0]!.offset + 1n)
+      }).pipe(
+        Effect.provide(KafkaJs.layerProducer({ brokers: list, logLevel: "nothing", linger: "100 millis" })),
+        Effect.provide(readerLayer),
+        Effect.scoped
+      ), 60_000)
+
     it.live("a record larger than the topic's max.message.bytes fails with RecordTooLarge naming the topic; what was acknowledged stays", () =>
       Effect.gen(function*() {
-        const topic = `small-messages-${crypto.randomUUID().slice(0, 8)}`
-        yield* Effect.tryPromise(async () => {
-          const admin = new Kafka({ brokers: list, logLevel: logLevel.NOTHING }).admin()
-          await admin.connect()
-          try {
-            await admin.createTopics({
-              topics: [{ topic, numPartitions: 1, configEntries: [{ name: "max.message.bytes", value: "1000" }] }],
-              waitForLeaders: false
-            })
-          } finally {
-            await admin.disconnect()
-          }
-        })
-        // kafkajs's own wait for leaders gives up on a new topic's UNKNOWN_TOPIC_OR_PARTITION; this one waits.
-        yield* KafkaJs.createTopic(list, topic, 1)
+        const topic = yield* smallMessagesTopic
         const kept = yield* Producer.send({ topic, value: "small" })
         // Below the producer's maxRequestSize: only the broker can refuse it.
         const error = yield* Effect.flip(Producer.send({ topic, value: new Uint8Array(5_000) }))

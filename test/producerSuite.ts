@@ -9,9 +9,11 @@ import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import { keyString, valueString } from "../src/ConsumerRecord.js"
@@ -55,16 +57,19 @@ export const makeReader = (
       isolationLevel: options.isolationLevel ?? "read_committed"
     })
     const positions = new Map<string, bigint>()
+    const committedOnly = (options.isolationLevel ?? "read_committed") === "read_committed"
     const read = (atLeast?: number) =>
       Effect.gen(function*() {
         const offsets = yield* session.offsets(tps)
+        const end = (tp: TopicPartition.TopicPartition) => {
+          const o = offsets.get(TopicPartition.key(tp))!
+          return committedOnly ? o.lastStable : o.latest
+        }
         const out = new Map<string, Array<ConsumerRecord>>()
         const done = () =>
           atLeast !== undefined
             ? [...out.values()].reduce((n, list) => n + list.length, 0) >= atLeast
-            : tps.every((tp) =>
-              (positions.get(TopicPartition.key(tp)) ?? -1n) >= offsets.get(TopicPartition.key(tp))!.latest
-            )
+            : tps.every((tp) => (positions.get(TopicPartition.key(tp)) ?? -1n) >= end(tp))
         const started = Date.now()
         while (!done()) {
           if (Date.now() - started > 30_000) return yield* Effect.die(new Error(`${topic} not read to its end in 30 s`))
@@ -344,6 +349,66 @@ export const producerSuite = <R>(
       }).pipe((e) => withProducer({ linger: "1 hour" }, e)), timeout)
   })
 
+  describe(`${name}: bufferMemory and maxBlock`, () => {
+    // 1,200 bytes of value: two such records do not fit in 2,000 bytes.
+    const large = (topic: string, value: string) => ({ topic, partition: 0, key: value, value: value.padEnd(1_200, ".") })
+    const bounded = { bufferMemory: 2_000, maxRequestSize: 2_000 }
+
+    it.live("with maxBlock 0, a send that finds no room fails with BufferFull at once, and is never sent", () =>
+      Effect.gen(function*() {
+        const topic = topicName("buffer-full")
+        yield* createTopic(topic, 1)
+        const first = yield* Effect.fork(Producer.send(large(topic, "first")))
+        // Held in the buffer by the hour's linger.
+        yield* Effect.yieldNow()
+        const answer = yield* Effect.either(Producer.send(large(topic, "second"))).pipe(
+          Effect.timeoutOption("5 seconds")
+        )
+        if (Option.isNone(answer) || Either.isRight(answer.value)) return assert.fail("the send did not fail at once")
+        const error = answer.value.left
+        assert.instanceOf(error, ProduceFailed)
+        assert.strictEqual(error.reason, "BufferFull")
+        assert.strictEqual(error.topic, topic)
+        assert.include(error.message, "bufferMemory")
+        yield* Producer.flush
+        const written = yield* Fiber.join(first)
+        const log = yield* readTopic(topic, 1)
+        assert.deepStrictEqual(log[0]!.map(keyString), ["first"])
+        assert.strictEqual(log[0]![0]!.offset, written.offset)
+      }).pipe((e) => withProducer({ ...bounded, linger: "1 hour", maxBlock: 0 }, e)), timeout)
+
+    it.live("a send that waits for room makes the buffer go out without waiting for linger, then gets in", () =>
+      Effect.gen(function*() {
+        const topic = topicName("buffer-wait")
+        yield* createTopic(topic, 1)
+        const first = yield* Effect.fork(Producer.send(large(topic, "first")))
+        yield* Effect.yieldNow()
+        const second = yield* Effect.fork(Producer.send(large(topic, "second")))
+        // Linger is an hour: only the waiting send can have made the first one go out.
+        const written = yield* Fiber.join(first).pipe(Effect.timeoutOption("5 seconds"))
+        assert.isTrue(Option.isSome(written), "the first record was written while the second waited for room")
+        // Room again: the second got in, and a flush sends it.
+        const after = yield* Effect.zipRight(Producer.flush, Fiber.join(second)).pipe(Effect.timeoutOption("5 seconds"))
+        assert.isTrue(Option.isSome(after), "the second record got in once the first was written")
+        assert.strictEqual(Option.getOrThrow(after).offset, Option.getOrThrow(written).offset + 1n)
+        const log = yield* readTopic(topic, 1)
+        assert.deepStrictEqual(log[0]!.map(keyString), ["first", "second"])
+      }).pipe((e) => withProducer({ ...bounded, linger: "1 hour" }, e)), timeout)
+
+    it.live("a sendAll larger than bufferMemory goes in as room frees: every record written once, in order", () =>
+      Effect.gen(function*() {
+        const topic = topicName("buffer-large-call")
+        yield* createTopic(topic, 1)
+        const records = Array.from({ length: 40 }, (_, i) => ({ topic, partition: 0, value: `${i}`.padEnd(200, ".") }))
+        const answer = yield* Producer.sendAll(records).pipe(Effect.timeoutOption("15 seconds"))
+        assert.isTrue(Option.isSome(answer), "every record got in and was written")
+        const metadata = Option.getOrThrow(answer)
+        assert.deepStrictEqual(metadata.map((m) => m.offset), metadata.map((_, i) => metadata[0]!.offset + BigInt(i)))
+        const log = yield* readTopic(topic, 1)
+        assert.deepStrictEqual(log[0]!.map(valueString), records.map((r) => r.value))
+      }).pipe((e) => withProducer({ bufferMemory: 3_000, maxRequestSize: 3_000, batchSize: 1_000 }, e)), timeout)
+  })
+
   describe(`${name}: transactions`, () => {
     /** Runs `body` with the environment built once, so that several producers share one cluster. */
     const withEnvironment = <A, E>(
@@ -477,6 +542,41 @@ export const producerSuite = <R>(
           assert.deepStrictEqual(log[0]!.map(valueString), ["successor"])
         })), timeout)
 
+    /** A transaction whose body sends `ok`, then `refused`, catching its failure, and succeeds. */
+    const catching = (ok: Producer.ProducerRecord, refused: Producer.ProducerRecord) =>
+      Effect.gen(function*() {
+        yield* Producer.send(ok)
+        const failure = yield* Effect.flip(Producer.send(refused))
+        return failure.reason
+      })
+
+    for (
+      const [label, refused] of [
+        ["RecordTooLarge", (topic: string) => ({ topic, value: new Uint8Array(2 * 1024 * 1024) })],
+        ["UnknownTopic", (_: string) => ({ topic: topicName("txn-missing"), value: "lost" })]
+      ] as const
+    ) {
+      it.live(`a send that failed with ${label}, caught by the body, still aborts the transaction: nothing of it lands`, () =>
+        withEnvironment((transactional) =>
+          Effect.gen(function*() {
+            const topic = topicName("txn-caught")
+            yield* createTopic(topic, 1)
+            const producer = yield* transactional(`txn-${topic}`)
+            const result = yield* Effect.either(
+              producer.transaction(catching({ topic, value: "in the transaction" }, refused(topic)))
+            )
+            if (Either.isRight(result)) return assert.fail(`the transaction committed after a caught ${label}`)
+            const error = result.left
+            assert.instanceOf(error, TransactionFailed)
+            assert.strictEqual(error.reason, "Aborted")
+            assert.include(error.message, label)
+            // The producer goes on: its next transaction commits.
+            yield* producer.transaction(Producer.send({ topic, value: "next" }))
+            const log = yield* readTopic(topic, 1)
+            assert.deepStrictEqual(log[0]!.map(valueString), ["next"])
+          })), timeout)
+    }
+
     it.live("a transactional id that is blank is refused before connecting", () =>
       Effect.gen(function*() {
         const error = yield* Effect.flip(Effect.scoped(Layer.build(transactionalLayer({ transactionalId: " " }))))
@@ -487,7 +587,12 @@ export const producerSuite = <R>(
 
   describe(`${name}: producer settings`, () => {
     const refused = (settings: Producer.Settings) =>
-      Effect.flip(Effect.scoped(Layer.build(producerLayer(settings)))).pipe(Effect.provide(environment()))
+      Effect.either(Effect.scoped(Layer.build(producerLayer(settings)))).pipe(
+        Effect.provide(environment()),
+        Effect.map((built) =>
+          Either.isLeft(built) ? built.left : assert.fail(`accepted: ${JSON.stringify(settings)}`)
+        )
+      )
 
     it.live("idempotence without acks all is refused before connecting, naming acks", () =>
       Effect.gen(function*() {
@@ -514,7 +619,12 @@ export const producerSuite = <R>(
           [{ maxRequestSize: 1.5 }, "maxRequestSize"],
           [{ idempotent: false, maxInFlightRequests: 6 }, "maxInFlightRequests"],
           [{ compression: "zstd" as unknown as "gzip" }, "compression"],
-          [{ timeout: "soon" as unknown as number }, "timeout"]
+          [{ timeout: "soon" as unknown as number }, "timeout"],
+          [{ bufferMemory: 0 }, "bufferMemory"],
+          [{ bufferMemory: 1.5 }, "bufferMemory"],
+          [{ bufferMemory: 1_000, maxRequestSize: 1_001 }, "bufferMemory"],
+          [{ maxBlock: -1 }, "maxBlock"],
+          [{ maxBlock: "a while" as unknown as number }, "maxBlock"]
         ]
         for (const [settings, field] of cases) {
           const error = yield* refused(settings)

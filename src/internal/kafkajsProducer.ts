@@ -174,10 +174,54 @@ const messagesOf = (batch: ReadonlyArray<ProducerRecord>, { partitionOf, topics 
   return topicMessages
 }
 
-/** Every record of a batch kafkajs refused as a whole gets the refusal. */
+/** Refusals that hold for every partition of a request: the producer's id or epoch, or the client's rights. */
+const wholeRequest = new Set([
+  "INVALID_PRODUCER_EPOCH",
+  "PRODUCER_FENCED",
+  "TRANSACTION_COORDINATOR_FENCED",
+  "INVALID_PRODUCER_ID_MAPPING",
+  "CLUSTER_AUTHORIZATION_FAILED",
+  "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+])
+
+/**
+ * A record of a request that the broker refused for one of its partitions without the client learning which: kafkajs
+ * keeps the first partition error of a produce answer and drops the rest of it, though the partitions without an
+ * error were written. So the record may have been written, or not.
+ *
+ * @internal
+ */
+export const outcomeUnknown = (cause: unknown, topic: string, partition: number, partitions: number) =>
+  new ProduceFailed({
+    reason: "OutcomeUnknown",
+    topic,
+    partition,
+    detail: `outcome unknown: the broker refused one of the ${partitions} partitions of the request, and kafkajs ` +
+      `does not say which, so this record may or may not have been written (${describe(cause)})`
+  })
+
+/**
+ * The records of one request that kafkajs failed. An error that holds for the whole request (the connection, a
+ * timeout, the producer fenced), or the refusal of a request of one partition, is each record's answer. A partition's
+ * refusal in a request of several partitions is not: each record gets `outcomeUnknown`, unless the reason already says
+ * the record may have been written (`retriable`).
+ */
 const refused = ({ out, partitionOf, topics }: producer.Layout, error: unknown) => {
+  const type = protocolType(error)
+  let partitions = 0
+  if (type !== undefined && !wholeRequest.has(type)) {
+    for (const { indexes } of topics) {
+      const seen = new Set<number>()
+      for (const i of indexes) seen.add(partitionOf[i]!)
+      partitions += seen.size
+    }
+  }
   for (const { indexes, topic } of topics) {
-    for (const i of indexes) out[i] = produceFailed(error, topic, partitionOf[i]!)
+    for (const i of indexes) {
+      const partition = partitionOf[i]!
+      const failure = produceFailed(error, topic, partition)
+      out[i] = partitions > 1 && !failure.retriable ? outcomeUnknown(error, topic, partition, partitions) : failure
+    }
   }
   return out
 }
@@ -231,21 +275,85 @@ const answered = (
   return out
 }
 
+/** A topic's partition count and each partition's leader, as the admin client last read them. */
+interface TopicMetadata {
+  readonly count: number
+  /** Per partition, the node id of its leader (-1 without one). */
+  readonly leaders: ReadonlyArray<number>
+  /** The leader of every partition, when they all have the same one. */
+  readonly sole: number | undefined
+  readonly at: number
+}
+
 /**
- * Writes batches with `send`: a kafkajs admin client reads each topic's partition count (cached for five minutes,
- * and read again before a record is refused for naming a partition the topic does not have), so that partitions are
- * chosen here, records for unknown topics or partitions are refused before they are batched with others, and each
- * record's offset is known from its partition's base offset in the answer.
+ * A batch laid out per request: per leader (as the admin client last saw the leaders), the records of the partitions
+ * it leads. kafkajs writes one request per broker and, when one of them fails, fails the whole `sendBatch` with that
+ * request's error, whatever the others did; a `sendBatch` per leader answers each on its own. A batch whose
+ * partitions all have one leader (one broker, or one partition) is one request, as it is.
  */
-const makeWriter = (admin: Admin, resolved: producer.Resolved, clock: Clock.Clock, send: () => SendBatch) => {
-  const counts = new Map<string, { readonly count: number; readonly at: number }>()
-  const readCount = (topic: string, now: number) =>
+const byLeader = (layout: producer.Layout, metadata: ReadonlyMap<string, TopicMetadata>): Array<producer.Layout> => {
+  let sole: number | undefined
+  let one = true
+  for (const { topic } of layout.topics) {
+    const leader = metadata.get(topic)?.sole
+    if (leader === undefined || (sole !== undefined && leader !== sole)) {
+      one = false
+      break
+    }
+    sole = leader
+  }
+  if (one) return [layout]
+  const requests = new Map<number, Array<producer.TopicRecords>>()
+  for (const { count, indexes, topic } of layout.topics) {
+    const leaders = metadata.get(topic)?.leaders ?? []
+    const ofTopic = new Map<number, Array<number>>()
+    for (const i of indexes) {
+      const leader = leaders[layout.partitionOf[i]!] ?? -1
+      let list = ofTopic.get(leader)
+      if (list === undefined) {
+        ofTopic.set(leader, list = [])
+        let topics = requests.get(leader)
+        if (topics === undefined) requests.set(leader, topics = [])
+        topics.push({ topic, count, indexes: list })
+      }
+      list.push(i)
+    }
+  }
+  return Array.from(requests.values(), (topics) => ({ out: layout.out, partitionOf: layout.partitionOf, topics }))
+}
+
+/**
+ * Writes batches with `send`: a kafkajs admin client reads each topic's partition count and leaders (cached for five
+ * minutes, and read again before a record is refused for naming a partition the topic does not have), so that
+ * partitions are chosen here, records for unknown topics or partitions are refused before they are batched with
+ * others, each leader's records are sent on their own (see `byLeader`), and each record's offset is known from its
+ * partition's base offset in the answer. `afterFailure` runs once the requests of a batch are answered, when one of
+ * them failed, before the batch is answered.
+ *
+ * @internal
+ */
+export const makeWriter = (
+  admin: Pick<Admin, "fetchTopicMetadata">,
+  resolved: producer.Resolved,
+  clock: Clock.Clock,
+  send: () => SendBatch,
+  afterFailure?: () => Promise<void>
+) => {
+  const cache = new Map<string, TopicMetadata>()
+  const readMetadata = (topic: string, now: number) =>
     Effect.tryPromise(() => admin.fetchTopicMetadata({ topics: [topic] })).pipe(
       Effect.map(({ topics }) => {
         const found = topics.find((t) => t.name === topic)
         if (found === undefined || found.partitions.length === 0) return producer.unknownTopic(topic)
-        counts.set(topic, { count: found.partitions.length, at: now })
-        return found.partitions.length
+        const count = found.partitions.length
+        const leaders: Array<number> = new Array(count).fill(-1)
+        for (const p of found.partitions) {
+          if (p.partitionId >= 0 && p.partitionId < count) leaders[p.partitionId] = p.leader
+        }
+        const sole = leaders.every((leader) => leader === leaders[0]) ? leaders[0] : undefined
+        const metadata: TopicMetadata = { count, leaders, sole, at: now }
+        cache.set(topic, metadata)
+        return metadata
       }),
       Effect.catchAll(({ error }) =>
         Effect.succeed(
@@ -257,23 +365,69 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, clock: Clock.Cloc
     )
   const partitioner = producer.makePartitioner()
   const compression = resolved.compression === "gzip" ? CompressionTypes.GZIP : CompressionTypes.None
+  const requestOf = (batch: ReadonlyArray<ProducerRecord>, layout: producer.Layout) => ({
+    topicMessages: messagesOf(batch, layout),
+    acks: resolved.acks,
+    timeout: resolved.timeoutMillis,
+    compression
+  })
 
   // A batch is laid out, sent and answered in plain code around one asynchronous step (kafkajs's send): the
   // writer runs between kafkajs's own work on every batch, where each step of the runtime costs more than alone.
-  const sendLaidOut = (batch: ReadonlyArray<ProducerRecord>, known: ReadonlyMap<string, number | ProduceFailed>) => {
+  const sendLaidOut = (
+    batch: ReadonlyArray<ProducerRecord>,
+    known: ReadonlyMap<string, number | ProduceFailed>,
+    metadata: ReadonlyMap<string, TopicMetadata>
+  ) => {
     const layout = partitioner(batch, known)
     if (layout.topics.length === 0) return Effect.succeed(layout.out)
-    const request = {
-      topicMessages: messagesOf(batch, layout),
-      acks: resolved.acks,
-      timeout: resolved.timeoutMillis,
-      compression
+    const requests = byLeader(layout, metadata)
+    if (requests.length === 1) {
+      const request = requestOf(batch, layout)
+      return Effect.async<Array<producer.Written>>((resume) => {
+        send()(request).then(
+          (answer) => resume(Effect.sync(() => answered(layout, answer, resolved.acks))),
+          (error: unknown) => {
+            const answer = () => resume(Effect.sync(() => refused(layout, error)))
+            if (afterFailure === undefined) answer()
+            else afterFailure().then(answer, answer)
+          }
+        )
+      })
     }
     return Effect.async<Array<producer.Written>>((resume) => {
-      send()(request).then(
-        (answer) => resume(Effect.sync(() => answered(layout, answer, resolved.acks))),
-        (error: unknown) => resume(Effect.sync(() => refused(layout, error)))
+      const outcomes: Array<{ readonly answer: Array<KafkaRecordMetadata> } | { readonly error: unknown }> = new Array(
+        requests.length
       )
+      let pending = requests.length
+      let failed = false
+      const settled = () => {
+        if (--pending > 0) return
+        const answer = () =>
+          resume(Effect.sync(() => {
+            requests.forEach((request, r) => {
+              const outcome = outcomes[r]!
+              if ("answer" in outcome) answered(request, outcome.answer, resolved.acks)
+              else refused(request, outcome.error)
+            })
+            return layout.out
+          }))
+        if (!failed || afterFailure === undefined) answer()
+        else afterFailure().then(answer, answer)
+      }
+      requests.forEach((request, r) => {
+        send()(requestOf(batch, request)).then(
+          (answer) => {
+            outcomes[r] = { answer }
+            settled()
+          },
+          (error: unknown) => {
+            failed = true
+            outcomes[r] = { error }
+            settled()
+          }
+        )
+      })
     })
   }
 
@@ -283,17 +437,21 @@ const makeWriter = (admin: Admin, resolved: producer.Resolved, clock: Clock.Cloc
       const known = new Map<string, number | ProduceFailed>()
       let stale: Array<string> | undefined
       for (const [topic, partition] of highestPartitions(batch)) {
-        const cached = counts.get(topic)
+        const cached = cache.get(topic)
         if (cached === undefined || now - cached.at > METADATA_MAX_AGE || partition >= cached.count) {
           ;(stale ??= []).push(topic)
         } else {
           known.set(topic, cached.count)
         }
       }
-      if (stale === undefined) return sendLaidOut(batch, known)
-      return Effect.forEach(stale, (topic) => Effect.map(readCount(topic, now), (count) => known.set(topic, count)), {
-        discard: true
-      }).pipe(Effect.zipRight(Effect.suspend(() => sendLaidOut(batch, known))))
+      if (stale === undefined) return sendLaidOut(batch, known, cache)
+      return Effect.forEach(
+        stale,
+        (topic) =>
+          Effect.map(readMetadata(topic, now), (read) =>
+            known.set(topic, read instanceof ProduceFailed ? read : read.count)),
+        { discard: true }
+      ).pipe(Effect.zipRight(Effect.suspend(() => sendLaidOut(batch, known, cache))))
     })
   return write
 }
@@ -321,22 +479,22 @@ export const make = (
     let current = create()
     yield* Effect.tryPromise({ try: () => current.connect(), catch: driverError("connect") })
     yield* Effect.addFinalizer(() => disconnect(() => current.disconnect()))
+    const send: SendBatch = (request) => current.sendBatch(request)
     // An idempotent kafkajs producer whose send failed gives the failed batch's sequence numbers to the next batch;
     // had the failed batch been written after all (its answer lost), the broker would take the next batch for a
     // retry of it, acknowledge it, and drop it. So after a failed send the producer starts over with a new producer
-    // id. Writes are one at a time when idempotent, so nothing else uses the producer meanwhile.
-    const send: SendBatch = (request) =>
-      current.sendBatch(request).catch(async (error: unknown) => {
-        if (resolved.idempotent) {
-          const failed = current
-          current = create()
-          await failed.disconnect().catch(() => undefined)
-          await current.connect().catch(() => undefined)
-        }
-        throw error
-      })
+    // id, once every request of the batch is answered. Batches are written one at a time when idempotent, so nothing
+    // else uses the producer meanwhile.
+    const startOver = resolved.idempotent
+      ? async () => {
+        const failed = current
+        current = create()
+        await failed.disconnect().catch(() => undefined)
+        await current.connect().catch(() => undefined)
+      }
+      : undefined
     const clock = yield* Effect.clock
-    return yield* producer.make(resolved, { write: makeWriter(admin, resolved, clock, () => send) })
+    return yield* producer.make(resolved, { write: makeWriter(admin, resolved, clock, () => send, startOver) })
   })
 
 const transactionFailed = (transactionalId: string, operation: TransactionFailed["operation"]) => (cause: unknown) => {

@@ -41,6 +41,8 @@ export interface Resolved {
   readonly compression: "none" | "gzip"
   readonly timeoutMillis: number
   readonly closeTimeout: Duration.Duration
+  readonly bufferMemory: number
+  readonly maxBlock: Duration.Duration
 }
 
 const integerIn = (field: string, value: number | undefined, fallback: number, min: number, max: number) =>
@@ -91,6 +93,23 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, InvalidConf
     }
     const timeout = yield* positiveDuration("timeout", settings.timeout ?? "30 seconds")
     const closeTimeout = yield* positiveDuration("closeTimeout", settings.closeTimeout ?? "30 seconds")
+    const bufferMemory = yield* integerIn(
+      "bufferMemory",
+      settings.bufferMemory,
+      32 * 1024 * 1024,
+      1,
+      Number.MAX_SAFE_INTEGER
+    )
+    if (bufferMemory < maxRequestSize) {
+      return yield* new InvalidConfig({
+        field: "bufferMemory",
+        reason: `must be at least maxRequestSize (${maxRequestSize}), got ${bufferMemory}: a record of ` +
+          "maxRequestSize bytes must fit in the buffer"
+      })
+    }
+    const maxBlock = settings.maxBlock === 0
+      ? Duration.zero
+      : yield* positiveDuration("maxBlock", settings.maxBlock ?? "60 seconds")
     return {
       acks: acks === "all" ? -1 : acks,
       idempotent,
@@ -100,7 +119,9 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, InvalidConf
       maxRequestSize,
       compression,
       timeoutMillis: Duration.toMillis(timeout),
-      closeTimeout
+      closeTimeout,
+      bufferMemory,
+      maxBlock
     }
   })
 
@@ -299,6 +320,11 @@ class Group {
   remaining: number
   /** Who waits for the answers: the caller, and any `flush` that came meanwhile. */
   waiting: Array<() => void> | undefined = undefined
+  /**
+   * Set while some of the call's records wait for room in the buffer: waits until they are in it, or until they have
+   * failed (`maxBlock` passed, the caller was interrupted, the producer closed).
+   */
+  admission: Effect.Effect<void> | undefined = undefined
   constructor(readonly records: ReadonlyArray<ProducerRecord>, readonly at: number) {
     this.results = records.length === 0 ? [] : undefined
     this.remaining = records.length
@@ -329,7 +355,7 @@ class Group {
     this.waiting = undefined
   }
   /** Waits until every record of the group has its answer. */
-  get await(): Effect.Effect<ReadonlyArray<Written>> {
+  get answers(): Effect.Effect<ReadonlyArray<Written>> {
     return Effect.async<ReadonlyArray<Written>>((resume) => {
       if (this.remaining === 0) return resume(Effect.succeed(this.results!))
       const waiter = () => resume(Effect.succeed(this.results!))
@@ -338,6 +364,10 @@ class Group {
         if (this.waiting !== undefined) this.waiting = this.waiting.filter((w) => w !== waiter)
       })
     })
+  }
+  /** The caller's wait: for room in the buffer first, when some of its records wait for it, then for the answers. */
+  get await(): Effect.Effect<ReadonlyArray<Written>> {
+    return this.admission === undefined ? this.answers : Effect.zipRight(this.admission, this.answers)
   }
 }
 
@@ -351,6 +381,16 @@ interface Segment {
   readonly to: number
   /** The records' sizes added up. */
   readonly bytes: number
+}
+
+/** A call whose records from `next` on wait for room in the buffer. */
+interface Blocked {
+  readonly group: Group
+  next: number
+  /** Every record is in the buffer, or has failed. */
+  done: boolean
+  /** Resumes the caller, once it waits. */
+  resume: (() => void) | undefined
 }
 
 const closed = (record: ProducerRecord, detail: string) =>
@@ -386,19 +426,37 @@ const settleAll = (segments: ReadonlyArray<Segment>, answer: (record: ProducerRe
 }
 
 /**
+ * Told of every record of the producer that failed; `sent` when the transport answered it (it reached the cluster,
+ * or may have), not when it was refused before it was sent.
+ *
+ * @internal
+ */
+export type OnFailure = (failure: ProduceFailed, sent: boolean) => void
+
+/**
  * The producer service on a transport: sends from any number of fibers go into one buffer; a collector fiber cuts
  * batches of up to `batchSize` bytes once the oldest record has waited `linger` (at once when the buffer holds a full
- * batch or a flush asks), and writes at most `maxInFlightRequests` of them at a time, in the order they were cut.
+ * batch, a flush asks, or a send waits for room), and writes at most `maxInFlightRequests` of them at a time, in the
+ * order they were cut.
+ *
+ * The records held, from their send until their answer, are at most `bufferMemory` bytes: a counter, checked as a
+ * call's records go into the buffer. A call that does not fit waits for room with what is left of it, behind the
+ * calls that already wait (so that a large `sendAll` is not starved by small sends), for up to `maxBlock`.
  *
  * @internal
  */
 export const make = (
   settings: Resolved,
-  transport: Transport
+  transport: Transport,
+  onFailure?: OnFailure
 ): Effect.Effect<Context.Tag.Service<typeof Producer>, never, Scope.Scope> =>
   Effect.gen(function*() {
     let buffer: Array<Segment> = []
     let bufferBytes = 0
+    /** The bytes of the records in the buffer and in flight: what `bufferMemory` bounds. */
+    let held = 0
+    /** Calls waiting for room, in the order they came. */
+    const blocked: Array<Blocked> = []
     let closing = false
     let flushes = 0
     const inFlight = new Set<ReadonlyArray<Segment>>()
@@ -407,6 +465,7 @@ export const make = (
     let running = 0
     const slotFree: { current: Deferred.Deferred<void> | undefined } = { current: undefined }
     const drained = yield* Deferred.make<void>()
+    const maxBlockMillis = Duration.toMillis(settings.maxBlock)
 
     const signal = () => {
       const w = wake
@@ -416,10 +475,126 @@ export const make = (
       }
     }
 
+    /**
+     * Puts a call's records from `from` on into the buffer while they fit in `bufferMemory`, and answers the ones that
+     * cannot be sent at all; returns where it stopped (the call's length once every record is in).
+     */
+    const admit = (group: Group, from: number): number => {
+      const records = group.records
+      const wasEmpty = buffer.length === 0
+      // Runs of records that can be sent become segments; the others are answered at once.
+      let start = from
+      let bytes = 0
+      let index = from
+      for (; index < records.length; index++) {
+        const record = records[index]!
+        const size = sizeOf(record)
+        const refused = closing
+          ? closed(record, "the producer is shut down")
+          : refuse(record, size, settings.maxRequestSize)
+        if (refused === undefined) {
+          if (held + bytes + size > settings.bufferMemory) break
+          bytes += size
+          continue
+        }
+        if (index > start) buffer.push({ group, from: start, to: index, bytes })
+        held += bytes
+        bufferBytes += bytes
+        bytes = 0
+        start = index + 1
+        group.settle(index, refused)
+        if (onFailure !== undefined) onFailure(refused, false)
+      }
+      if (index > start) buffer.push({ group, from: start, to: index, bytes })
+      held += bytes
+      bufferBytes += bytes
+      // The collector waits with no deadline while the buffer is empty, and with the linger deadline of the oldest
+      // record otherwise: it is woken when the buffer stops being empty or holds a full batch.
+      if (buffer.length > 0 && (wasEmpty || bufferBytes >= settings.batchSize)) signal()
+      return index
+    }
+
+    /** Lets waiting calls in, in order, while they fit. */
+    const admitBlocked = () => {
+      while (blocked.length > 0) {
+        const entry = blocked[0]!
+        entry.next = admit(entry.group, entry.next)
+        if (entry.next < entry.group.records.length) return
+        blocked.shift()
+        entry.done = true
+        entry.resume?.()
+      }
+    }
+
+    /** Fails the records of a waiting call that are not in the buffer yet; they are never sent. */
+    const giveUp = (entry: Blocked, detail: string) => {
+      if (entry.done) return
+      entry.done = true
+      const at = blocked.indexOf(entry)
+      if (at >= 0) blocked.splice(at, 1)
+      const { group } = entry
+      for (let i = entry.next; i < group.records.length; i++) {
+        const record = group.records[i]!
+        const failure = refuse(record, sizeOf(record), settings.maxRequestSize) ?? new ProduceFailed({
+          reason: "BufferFull",
+          topic: record.topic,
+          ...(record.partition === undefined ? {} : { partition: record.partition }),
+          detail
+        })
+        group.settle(i, failure)
+        if (onFailure !== undefined) onFailure(failure, false)
+      }
+      // The calls behind it may fit where it did not.
+      if (at === 0) admitBlocked()
+    }
+
+    const waitForRoom = (entry: Blocked): Effect.Effect<void> =>
+      Effect.async<void>((resume) => {
+        if (entry.done) return resume(Effect.void)
+        entry.resume = () => resume(Effect.void)
+      }).pipe(
+        Effect.timeoutOption(settings.maxBlock),
+        Effect.onExit((exit) =>
+          Effect.sync(() =>
+            giveUp(
+              entry,
+              Exit.isSuccess(exit)
+                ? `the producer's buffer stayed full for maxBlock (${
+                  Duration.format(settings.maxBlock)
+                }): ${held} bytes held, bufferMemory ${settings.bufferMemory}; the record was not sent`
+                : "the send was interrupted while it waited for room in the buffer; the record was not sent"
+            )
+          )
+        ),
+        Effect.asVoid
+      )
+
+    /** What is left of a call that does not fit waits for room, or fails at once when `maxBlock` is zero. */
+    const block = (group: Group, next: number) => {
+      const entry: Blocked = { group, next, done: false, resume: undefined }
+      if (maxBlockMillis === 0) {
+        return giveUp(
+          entry,
+          `the producer's buffer is full (${held} bytes held, bufferMemory ${settings.bufferMemory}) and maxBlock ` +
+            "is 0; the record was not sent"
+        )
+      }
+      blocked.push(entry)
+      group.admission = waitForRoom(entry)
+      // A waiting send makes the buffer go out without waiting for linger, as the Java client's accumulator does when
+      // its memory is used up.
+      signal()
+    }
+
     const writeBatch = (batch: ReadonlyArray<Segment>) =>
       transport.write(recordsOf(batch)).pipe(
         Effect.exit,
         Effect.map((exit) => {
+          if (Exit.isSuccess(exit) && onFailure !== undefined) {
+            for (const written of exit.value) {
+              if (written !== undefined && isFailure(written)) onFailure(written, true)
+            }
+          }
           if (Exit.isSuccess(exit) && wholeCall(batch)?.settleWhole(exit.value) === true) {
             // A call written as one batch: its answers are the writer's, as they are.
           } else if (Exit.isSuccess(exit)) {
@@ -427,11 +602,12 @@ export const make = (
             let k = 0
             for (const { from, group, to } of batch) {
               for (let i = from; i < to; i++) {
-                group.settle(
-                  i,
-                  results[k++] ??
-                    new ProduceFailed({ reason: "Other", topic: group.records[i]!.topic, detail: "no answer" })
-                )
+                let written = results[k++]
+                if (written === undefined) {
+                  written = new ProduceFailed({ reason: "Other", topic: group.records[i]!.topic, detail: "no answer" })
+                  if (onFailure !== undefined) onFailure(written, true)
+                }
+                group.settle(i, written)
               }
             }
           } else {
@@ -439,14 +615,18 @@ export const make = (
             const detail = interrupted
               ? "the producer was shut down while the record was in flight"
               : Cause.pretty(exit.cause)
-            settleAll(
-              batch,
-              (record) =>
-                interrupted ? closed(record, detail) : new ProduceFailed({ reason: "Other", topic: record.topic, detail })
-            )
+            settleAll(batch, (record) => {
+              const failure = interrupted
+                ? closed(record, detail)
+                : new ProduceFailed({ reason: "Other", topic: record.topic, detail })
+              if (onFailure !== undefined) onFailure(failure, true)
+              return failure
+            })
           }
           inFlight.delete(batch)
           running--
+          for (const segment of batch) held -= segment.bytes
+          if (blocked.length > 0) admitBlocked()
           const free = slotFree.current
           if (free !== undefined) {
             slotFree.current = undefined
@@ -486,7 +666,8 @@ export const make = (
       }
       buffer = taken === buffer.length ? [] : buffer.slice(taken)
       bufferBytes -= bytes
-      if (flushes > 0 && buffer.length === 0) flushes = 0
+      // A flush holds until what waited for room when it came has gone out too.
+      if (flushes > 0 && buffer.length === 0 && blocked.length === 0) flushes = 0
       return batch
     }
 
@@ -509,7 +690,7 @@ export const make = (
           }
         }
         if (
-          settings.lingerMillis > 0 && buffer.length > 0 && !closing && flushes === 0 &&
+          settings.lingerMillis > 0 && buffer.length > 0 && !closing && flushes === 0 && blocked.length === 0 &&
           bufferBytes < settings.batchSize
         ) {
           const now = yield* Clock.currentTimeMillis
@@ -551,34 +732,14 @@ export const make = (
     // The clock of the producer's maker (a test's TestClock), read synchronously: a send is one step, not three.
     const clock = yield* Effect.clock
 
-    /** Puts a call's records into the buffer (or answers the refused ones); its group answers for them. */
+    /**
+     * Puts a call's records into the buffer (or answers the refused ones); its group answers for them. What does not
+     * fit waits for room, behind the calls already waiting.
+     */
     const submit = (records: ReadonlyArray<ProducerRecord>): Group => {
       const group = new Group(records, clock.unsafeCurrentTimeMillis())
-      const wasEmpty = buffer.length === 0
-      // Runs of records that can be sent become segments; the others are answered at once.
-      let from = 0
-      let bytes = 0
-      for (let index = 0; index < records.length; index++) {
-        const record = records[index]!
-        const size = sizeOf(record)
-        const refused = closing
-          ? closed(record, "the producer is shut down")
-          : refuse(record, size, settings.maxRequestSize)
-        if (refused === undefined) {
-          bytes += size
-          continue
-        }
-        if (index > from) buffer.push({ group, from, to: index, bytes })
-        bufferBytes += bytes
-        bytes = 0
-        from = index + 1
-        group.settle(index, refused)
-      }
-      if (records.length > from) buffer.push({ group, from, to: records.length, bytes })
-      bufferBytes += bytes
-      // The collector waits with no deadline while the buffer is empty, and with the linger deadline of the oldest
-      // record otherwise: it is woken when the buffer stops being empty or holds a full batch.
-      if (buffer.length > 0 && (wasEmpty || bufferBytes >= settings.batchSize)) signal()
+      const next = blocked.length === 0 || closing ? admit(group, 0) : 0
+      if (next < records.length) block(group, next)
       return group
     }
 
@@ -612,17 +773,20 @@ export const make = (
       const waiting = new Set<Group>()
       for (const { group } of buffer) waiting.add(group)
       for (const batch of inFlight) for (const { group } of batch) waiting.add(group)
+      for (const { group } of blocked) waiting.add(group)
       if (waiting.size === 0) return Effect.void
-      if (buffer.length > 0) {
+      if (buffer.length > 0 || blocked.length > 0) {
         flushes++
         signal()
       }
-      return Effect.forEach(waiting, (group) => group.await, { discard: true })
+      return Effect.forEach(waiting, (group) => group.answers, { discard: true })
     })
 
     yield* Effect.addFinalizer(() =>
       Effect.gen(function*() {
         closing = true
+        // What still waits for room was never handed over: it fails with Closed.
+        admitBlocked()
         signal()
         // Finalizers run uninterruptibly: the wait must be interruptible for the timeout to end it.
         const finished = yield* Effect.interruptible(Deferred.await(drained)).pipe(
@@ -635,6 +799,7 @@ export const make = (
           settleAll(left, (record) => closed(record, "the producer was shut down before the record was written"))
           buffer = []
           inFlight.clear()
+          held = 0
         }
       })
     )
@@ -681,8 +846,10 @@ export const transactionFailed = (
 
 /**
  * Runs `body` in a transaction of `client`: its `Producer` sends go into the transaction (batched as the settings
- * say). When `body` succeeds and every send succeeded, `offsets` are sent with the transaction and it
- * commits; otherwise, and on interruption, it is aborted. Sends still in the buffer are written first either way.
+ * say). When `body` succeeds and every send succeeded, `offsets` are sent with the transaction and it commits. When a
+ * send failed (refused before it was sent, or by the cluster; caught by `body` or not) it is aborted, and so it is when
+ * `body` fails or is interrupted: `body`'s own failure is the answer then, `TransactionFailed` (`Aborted`) when `body`
+ * succeeded. Sends still in the buffer are written first either way.
  *
  * @internal
  */
@@ -698,22 +865,19 @@ export const inTransaction = <A, E, R>(
     Effect.gen(function*() {
       const observability = Option.getOrUndefined(yield* Effect.serviceOption(Observability))
       const session = yield* client.begin
+      // The first send of the transaction that failed, whatever the reason and whether the body caught it: the
+      // transaction cannot commit any more (the Java client's rule). `sentFailed`: one failed after it was sent, so the
+      // client's sequence numbers may be behind the broker's.
       let failed: ProduceFailed | undefined
-      const write = (batch: ReadonlyArray<ProducerRecord>) =>
-        Effect.tap(session.write(batch), (results) => {
-          if (failed !== undefined) return
-          for (const r of results) {
-            if (isFailure(r)) {
-              failed = r
-              return
-            }
-          }
-        })
+      let sentFailed = false
       const scope = yield* Scope.make()
-      const producer = yield* make(settings, { write }).pipe(Scope.extend(scope))
+      const producer = yield* make(settings, { write: session.write }, (failure, sent) => {
+        failed ??= failure
+        if (sent) sentFailed = true
+      }).pipe(Scope.extend(scope))
       const exit = yield* Effect.exit(restore(Effect.provideService(body, Producer, producer)))
       yield* Scope.close(scope, Exit.void)
-      if (failed !== undefined) unclean()
+      if (sentFailed) unclean()
       if (Exit.isFailure(exit)) {
         yield* Effect.ignore(session.abort)
         telemetry.transactionEnded(observability, "aborted")
