@@ -346,6 +346,12 @@ describe("the dead-letter route", () => {
             yield* Fiber.interrupt(consumer)
           } else {
             yield* Deferred.fail(gate, new ProduceFailed({ reason: "Other", topic: dlq, detail: "refused by the test" }))
+            // Whichever comes first: the consumer ends, or a commit passes the refused dead letter.
+            for (let turn = 0; (yield* Fiber.poll(consumer))._tag === "None"; turn++) {
+              assert.strictEqual(yield* committed, undefined, "committed past a dead letter that was refused")
+              if (turn > 2_000) assert.fail("the consumer went on after its dead-letter write was refused")
+              yield* Effect.sleep("5 millis")
+            }
             const failure = yield* Fiber.join(consumer)
             assert.instanceOf(failure, ProduceFailed)
             assert.strictEqual(yield* committed, undefined, "committed past a dead letter that was refused")
@@ -357,6 +363,37 @@ describe("the dead-letter route", () => {
         yield* run.pipe(Effect.ensuring(Deferred.succeed(gate, undefined)), Effect.provide(gatedDeadLetters(gate)))
       }))
   }
+
+  it.live("transactional: a unit whose dead-letter write is refused does not commit, and the consumer ends with the ProduceFailed", () =>
+    Effect.gen(function*() {
+      const gate = yield* Deferred.make<void, ProduceFailed>()
+      yield* Deferred.fail(gate, new ProduceFailed({ reason: "Other", topic: dlq, detail: "refused by the test" }))
+      yield* Effect.gen(function*() {
+        yield* seed
+        const consumer = yield* Consumer.runEach(
+          { ...settings, maxPollRecords: 8, retry: Schedule.recurs(0) },
+          Consumer.decoded({ value: Codec.json(Order) }, (record) =>
+            Effect.zipRight(
+              OffsetStore.append([record.value.id]),
+              record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void
+            ))
+        ).pipe(Effect.provide(CommitPolicy.transactional()), Effect.flip, Effect.fork)
+        const store = yield* OffsetStore.OffsetStore
+        const stored = store.load("g", [{ topic: source, partition: 0 }]).pipe(Effect.map((p) => p.get(`${source}-0`)))
+        // The first poison record is at 3: no unit may store a position past it.
+        for (let turn = 0; (yield* Fiber.poll(consumer))._tag === "None"; turn++) {
+          const at = yield* stored
+          assert.isTrue(at === undefined || at <= 3n, `stored ${at}: past a dead letter that was refused`)
+          if (turn > 2_000) assert.fail("the consumer went on after its dead-letter write was refused")
+          yield* Effect.sleep("5 millis")
+        }
+        assert.instanceOf(yield* Fiber.join(consumer), ProduceFailed)
+        const at = yield* stored
+        assert.isTrue(at === undefined || at <= 3n, `stored ${at}: past a dead letter that was refused`)
+        const results = (yield* Effect.flatMap(OffsetStore.Results, (r) => r.read("g"))) as ReadonlyArray<number>
+        assert.isTrue(results.every((id) => id < 3), `nothing of the unit that routed the record landed: ${results}`)
+      }).pipe(Effect.provide(Layer.merge(gatedDeadLetters(gate), OffsetStore.layerMemory)))
+    }))
 
   it.live("atMostOnce: the handler runs once per record; a failed one is dead-lettered at once", () =>
     Effect.gen(function*() {
