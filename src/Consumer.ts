@@ -111,10 +111,19 @@ export interface Config<Route extends FailureRoute.FailureRoute = FailureRoute.S
    *   side by side. `run` gets a chunk per key, `runEach` a record at a time per key.
    * - `"unordered"`: every record side by side.
    *
-   * Under `"key"` and `"unordered"` the records of a fetched chunk are handled concurrently, and the chunk counts as
-   * handled (for the commit policy, the position and the retries) when all of them are: every policy keeps its
-   * guarantee as it is, and a failed handler is retried with its whole chunk. The next chunk of the partition starts
-   * when this one is done.
+   * Under `"key"` and `"unordered"` at most `concurrency` handler calls are in flight over the whole consumer, and
+   * every policy keeps its guarantee:
+   *
+   * - `commitAfter`, `autoCommit` and `transactional` let records finish out of offset order, across fetched chunks:
+   *   a key's record waits only for the key's earlier ones. The committed or stored position is the lowest offset not
+   *   finished, with the ranges finished above it (so a new owner skips them); a failed handler call is retried alone,
+   *   with the records it was given.
+   * - `atMostOnce` and `kafkaTransactional` keep a fetched chunk as their unit: its position is committed before (or
+   *   its transaction commits after) all of its records, handled side by side; a failed call is retried with its
+   *   chunk, and the partition's next chunk starts when this one is done.
+   *
+   * What a partition may hold meanwhile is bounded: records fetched and not finished stay within `bufferSize`, and the
+   * window between the lowest unfinished offset and the last fetched one within ten times `bufferSize`.
    */
   readonly ordering?: "partition" | "key" | "unordered"
   /**
@@ -399,9 +408,12 @@ export type Handler<E, R> = (
 ) => Effect.Effect<void, E, R>
 
 /**
- * Runs the consumer: partitions concurrently, chunks of a partition one after another (the records of a chunk in
- * order, by key or side by side, as `ordering` says), positions committed as the provided `CommitPolicy` says. Never succeeds; it ends by interruption or with the first error. A handler that
- * keeps failing ends it with `HandlerFailed`, whose `cause` is the handler's own error, typed.
+ * Runs the consumer: partitions concurrently, and within a partition the records one after another in offset order,
+ * by key, or side by side, as `ordering` says (a chunk handler gets a chunk of one partition's records; under `"key"`,
+ * of one key's); positions committed or stored as the provided `CommitPolicy` says. Never succeeds; it ends by
+ * interruption or with the first error. A handler that keeps failing ends it with `HandlerFailed`, whose `cause` is
+ * the handler's own error, typed, unless the configuration's failure route (`onFailure`) routes the record. A handler
+ * that fails with a `RecordFailed` naming a record its chunk does not hold ends it with `RecordNotInChunk`.
  *
  * A handler that writes through the offset store's transaction (it requires `OffsetStore.Transaction`) can run only
  * under `CommitPolicy.transactional`, the one policy that provides it.

@@ -91,6 +91,29 @@ describe("kafkaTransactional on the in-memory broker", () => {
       assert.isTrue(output.every((r) => new TextDecoder().decode(r.key!) === "b"), "nothing of A's transaction landed")
     }).pipe(Effect.provide(InMemoryKafka.layer())), { timeout: 60_000 })
 
+  it.live("a handler that catches a failed send: its transaction cannot commit, and the consumer ends with TransactionFailed (Aborted), nothing of the chunk landed", () =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const topic = `caught-${crypto.randomUUID().slice(0, 6)}`
+      const groupId = `${topic}-group`
+      yield* kafka.createTopic(topic, 1)
+      yield* kafka.createTopic(outputTopic(topic), 1)
+      yield* kafka.produce(topic, Array.from({ length: 10 }, (_, i) => ({ value: String(i) })))
+      const failure = yield* Consumer.run({ groupId, topics: [topic], maxPollRecords: 5 }, (records) =>
+        Effect.gen(function*() {
+          yield* Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: `${valueString(r)}` })))
+          // A send to a topic that does not exist, whose failure the handler keeps to itself.
+          if (Chunk.unsafeHead(records).offset === 5n) {
+            yield* Effect.ignore(Producer.send({ topic: `${topic}-missing`, value: "x" }))
+          }
+        })).pipe(Effect.provide(policy), Effect.flip, Effect.timeout("10 seconds"))
+      assert.instanceOf(failure, TransactionFailed)
+      assert.strictEqual((failure as TransactionFailed).reason, "Aborted")
+      const output = yield* readCommitted(outputTopic(topic), 1)
+      assert.deepStrictEqual(output.map(valueString), ["0", "1", "2", "3", "4"], "nothing of the aborted chunk landed")
+      assert.strictEqual((yield* kafka.committed(groupId)).get(`${topic}-0`), 5n)
+    }).pipe(Effect.provide(InMemoryKafka.layer())))
+
   it.live("outside a handler the policy's Producer has no transaction: a send fails, saying so", () =>
     Effect.gen(function*() {
       const error = yield* Effect.flip(Producer.send({ topic: "t", value: "v" }))
