@@ -2,6 +2,7 @@
 # Runs a single-node Apache Kafka broker (KRaft, no ZooKeeper) on 127.0.0.1 for the integration tests and the demo.
 #
 #   scripts/kafka.sh fetch    fetch the broker's jars into the cache only
+#   scripts/kafka.sh libs     the same, then print the folder that holds them (for the tests' Java helpers)
 #   scripts/kafka.sh start    fetch the broker's jars (first run only), format a fresh data dir, start, wait until ready
 #   scripts/kafka.sh stop     stop the broker started by `start` and delete its data
 #   scripts/kafka.sh status   say whether it runs (exit 0) or not (exit 3)
@@ -85,6 +86,7 @@ usage() {
   cat >&2 <<EOF
 usage: $0 fetch|start|stop|status|kill-node N|start-node N
   fetch         fetch the broker's jars into the cache (start does this too)
+  libs          fetch them if needed, and print the folder that holds them (kafka-clients too, for Java helpers)
   start         start a single-node Kafka broker on 127.0.0.1:\$KAFKA_PORT (default 19092), or with KAFKA_NODES=3 a
                 cluster of three; \$KAFKA_VERSION picks the release (default 3.9.1; 4.4.0 too)
   stop          stop it and delete its data
@@ -467,6 +469,11 @@ case "${1:-}" in
   fetch)
     require_tools
     fetch_libs
+    ;;
+  libs)
+    require_tools
+    fetch_libs
+    echo "$LIBS_DIR"
     ;;
   start) start ;;
   stop) stop ;;

@@ -1,7 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as Layer from "effect/Layer"
-import { execFile } from "node:child_process"
-import * as path from "node:path"
 import * as Effect from "effect/Effect"
 import { Kafka, logLevel } from "kafkajs"
 import { inject } from "vitest"
@@ -9,6 +7,7 @@ import * as Producer from "../src/Producer.js"
 import * as KafkaJs from "../src/KafkaJs.js"
 import { valueString } from "../src/ConsumerRecord.js"
 import { producerSuite, ProducerTestKit, readTopic } from "./producerSuite.js"
+import { runJava } from "./support/kafkaKit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 
@@ -104,22 +103,13 @@ if (brokers) {
   describe("KafkaJs producer and the Java client", () => {
     /** Writes one record per key with the Java client (kafka-clients 3.9.1, default partitioner); key → partition. */
     const javaPartitions = (topic: string, keys: ReadonlyArray<string>) =>
-      Effect.async<Map<string, number>, Error>((resume) => {
-        const libs = path.join(process.env.KAFKA_CACHE_DIR ?? path.join(process.cwd(), ".cache", "kafka"), "libs")
-        execFile(
-          "java",
-          ["-cp", path.join(libs, "*"), path.join("test", "java", "KeyPartitions.java"), brokers, topic, ...keys],
-          { timeout: 60_000, maxBuffer: 16 * 1024 * 1024 },
-          (error, stdout, stderr) => {
-            if (error !== null) return resume(Effect.fail(new Error(`java failed: ${error.message}\n${stderr}`)))
-            const out = new Map<string, number>()
-            for (const line of stdout.trim().split("\n")) {
-              const at = line.lastIndexOf(" ", line.lastIndexOf(" ") - 1)
-              out.set(line.slice(0, at), Number(line.slice(at + 1).split(" ")[0]))
-            }
-            resume(Effect.succeed(out))
-          }
-        )
+      Effect.map(runJava("KeyPartitions.java", [brokers, topic, ...keys]), (stdout) => {
+        const out = new Map<string, number>()
+        for (const line of stdout.trim().split("\n")) {
+          const at = line.lastIndexOf(" ", line.lastIndexOf(" ") - 1)
+          out.set(line.slice(0, at), Number(line.slice(at + 1).split(" ")[0]))
+        }
+        return out
       })
 
     it.live("every key lands on the partition the Java client's producer writes it to", () =>

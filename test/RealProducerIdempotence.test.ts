@@ -6,11 +6,10 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
-import { execFile } from "node:child_process"
-import * as path from "node:path"
 import { inject } from "vitest"
 import * as KafkaJs from "../src/KafkaJs.js"
 import * as Producer from "../src/Producer.js"
+import { runJava } from "./support/kafkaKit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 
@@ -24,29 +23,20 @@ interface ProducerState {
 
 /** The producers the broker keeps state for on the partitions of these topics (topic → partition count). */
 const describeProducers = (topics: Readonly<Record<string, number>>) =>
-  Effect.async<ReadonlyArray<ProducerState>, Error>((resume) => {
-    const libs = path.join(process.env.KAFKA_CACHE_DIR ?? path.join(process.cwd(), ".cache", "kafka"), "libs")
-    const args = Object.entries(topics).map(([topic, partitions]) => `${topic}:${partitions}`)
-    execFile(
-      "java",
-      ["-cp", path.join(libs, "*"), path.join("test", "java", "DescribeProducers.java"), brokers, ...args],
-      { timeout: 60_000, maxBuffer: 16 * 1024 * 1024 },
-      (error, stdout, stderr) => {
-        if (error !== null) return resume(Effect.fail(new Error(`java failed: ${error.message}\n${stderr}`)))
-        const states = stdout.split("\n").filter((line) => line.startsWith("producer ")).map((line) => {
-          const [, topic, partition, producerId, epoch, lastSequence] = line.trim().split(" ")
-          return {
-            topic: topic!,
-            partition: Number(partition),
-            producerId: BigInt(producerId!),
-            epoch: Number(epoch),
-            lastSequence: Number(lastSequence)
-          }
-        })
-        resume(Effect.succeed(states))
-      }
-    )
-  })
+  Effect.map(
+    runJava("DescribeProducers.java", [brokers, ...Object.entries(topics).map(([topic, n]) => `${topic}:${n}`)]),
+    (stdout): ReadonlyArray<ProducerState> =>
+      stdout.split("\n").filter((line) => line.startsWith("producer ")).map((line) => {
+        const [, topic, partition, producerId, epoch, lastSequence] = line.trim().split(" ")
+        return {
+          topic: topic!,
+          partition: Number(partition),
+          producerId: BigInt(producerId!),
+          epoch: Number(epoch),
+          lastSequence: Number(lastSequence)
+        }
+      })
+  )
 
 if (brokers) {
   const list = brokers.split(",")
