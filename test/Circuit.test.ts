@@ -50,6 +50,17 @@ const handler = (chunk: Chunk.Chunk<ConsumerRecord>) =>
     Chunk.some(chunk, (r) => valueString(r)!.startsWith("bad")) ? Effect.fail(new Refused()) : Effect.void
   )
 
+/** Up to 64 calls in flight, keyed records, no retries; nine failures in a row open the circuit. */
+const config = {
+  groupId: "g",
+  topics: [source],
+  ordering: "key",
+  concurrency: 64,
+  maxPollRecords: 200,
+  retry: Schedule.recurs(0),
+  onFailure: FailureRoute.deadLetter({ topic: dlq, maxInARow: 9 })
+} satisfies Consumer.Config<FailureRoute.DeadLetter>
+
 const policies = {
   commitAfter: CommitPolicy.commitAfter({ maxBatch: 50, maxInterval: "10 millis" }),
   transactional: CommitPolicy.transactional()
@@ -64,15 +75,7 @@ describe("the circuit under key ordering", () => {
         yield* seed(poison)
         const bad = Array.from({ length: records }, (_, i) => i).filter(poison)
         const consumer = yield* Consumer.run(
-          {
-            groupId: "g",
-            topics: [source],
-            ordering: "key",
-            concurrency: 64,
-            maxPollRecords: 200,
-            retry: Schedule.recurs(0),
-            onFailure: FailureRoute.deadLetter({ topic: dlq, maxInARow: 9 })
-          },
+          config,
           handler
         ).pipe(Effect.provide(policy), Effect.fork)
         for (let turn = 0;; turn++) {
@@ -94,15 +97,7 @@ describe("the circuit under key ordering", () => {
       Effect.gen(function*() {
         yield* seed(() => true)
         const failure = yield* Consumer.run(
-          {
-            groupId: "g",
-            topics: [source],
-            ordering: "key",
-            concurrency: 64,
-            maxPollRecords: 200,
-            retry: Schedule.recurs(0),
-            onFailure: FailureRoute.deadLetter({ topic: dlq, maxInARow: 9 })
-          },
+          config,
           handler
         ).pipe(Effect.provide(policy), Effect.flip, Effect.timeout("10 seconds"))
         assert.instanceOf(failure, CircuitOpen)
