@@ -193,8 +193,20 @@ export type ProduceRecord = Omit<ProducerRecord, "topic">
  *   generation current at each attempt; one that spans a rebalance could land for a partition that moved in between,
  *   which cannot be prevented from outside kafkajs. With the held JoinGroup that needs a coordinator failure during
  *   the commit, or a hold that ran out.
- * - **`offsets`** reads the log start and the last stable offset (what a read-committed consumer can reach; the high
- *   watermark when no transaction is open), through kafkajs's admin client, which asks for read-committed offsets.
+ * - **`offsets`** gives each partition's log start, high watermark (`latest`) and last stable offset (`lastStable`).
+ *   kafkajs's admin sends ListOffsets read-committed, which answers the last stable offset; the high watermark is
+ *   read through a second admin client of the session whose ListOffsets go out read-uncommitted. kafkajs's fetch
+ *   position is judged out of range against the high watermark, as Kafka does.
+ * - **Committed reads are stable.** kafkajs implements OffsetFetch v1 to v4 only, which cannot ask for stable offsets
+ *   (`require_stable`, v7, KIP-447): a position read while a transaction that commits it completes would be the one
+ *   before it. The session reads committed positions through an admin client of its own whose socket layer sends
+ *   kafkajs's OffsetFetch v4 as v7 with `require_stable` (when the cluster lists v7: Kafka 2.5 and later; 3.9.1 and
+ *   4.4.0 checked), for the partitions asked alone, and turns the answer back into v4. A partition whose
+ *   transactional commit is pending fails `committed` with a retriable `DriverError` naming UNSTABLE_OFFSET_COMMIT.
+ * - **Joining.** `connect` returns once the member has joined. While the group's coordinator loads its offsets
+ *   (GROUP_LOAD_IN_PROGRESS, as a fresh Kafka 4 broker answers), moves or cannot be found, it waits for kafkajs's
+ *   restart, or starts kafkajs again, for up to the rebalance timeout; then, or on a condition that does not pass,
+ *   it fails with a `DriverError` (retriable for the former).
  * - **Lost.** A rejoin as a new member (the coordinator had evicted this one) or a crash of the kafkajs consumer ends
  *   the assignment with `Lost`. A crash kafkajs does not restart from fails `poll` with a `DriverError`.
  * - **Errors.** A `DriverError` is `retriable` when it goes away once the cluster is reachable again: a closed or
@@ -473,7 +485,8 @@ export const produce = (
   }).pipe(Effect.scoped)
 
 /**
- * The end offset (high watermark: the offset the next record will get) of every partition of a topic.
+ * The last stable offset of every partition of a topic: how far a `read_committed` consumer can read (the high
+ * watermark, the offset the next record will get, when no transaction is open on the partition).
  *
  * @since 0.1.0
  * @category admin
