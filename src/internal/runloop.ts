@@ -206,8 +206,7 @@ const lagReports = (
   session: DriverSession,
   owned: ReadonlyMap<string, PartitionState>,
   scope: Scope.Scope,
-  /** A `read_committed` consumer can reach the last stable offset; a `read_uncommitted` one the high watermark. */
-  readCommitted: boolean
+  reachable: (offsets: PartitionOffsets) => bigint
 ): Effect.Effect<void> => {
   const { settings } = telemetry
   const snapshot = (partitions: ReadonlyArray<PartitionLag>) =>
@@ -220,17 +219,17 @@ const lagReports = (
   const report = Effect.suspend(() => {
     const states = Array.from(owned.values()).filter((s) => !s.stopping)
     if (states.length === 0) return snapshot([])
-    return Effect.flatMap(session.offsets(states.map((s) => s.tp)), (latest) => {
+    return Effect.flatMap(session.offsets(states.map((s) => s.tp)), (read) => {
       const partitions: Array<PartitionLag> = []
       let paused = 0
       for (const state of states) {
         if (state.paused) paused++
-        const offsets = latest.get(state.key)
+        const offsets = read.get(state.key)
         if (offsets === undefined) continue
-        const reachable = readCommitted ? offsets.lastStable : offsets.latest
-        const position = telemetry.positions.get(state.key) ?? reachable
-        const lag = reachable > position ? reachable - position : 0n
-        partitions.push({ ...state.tp, position, latest: reachable, lag })
+        const latest = reachable(offsets)
+        const position = telemetry.positions.get(state.key) ?? latest
+        const lag = latest > position ? latest - position : 0n
+        partitions.push({ ...state.tp, position, latest, lag })
         if (settings.metrics) {
           const { labels } = telemetry.partition(state.tp).set
           metrics.lag.unsafeUpdate(Number(lag), labels)
@@ -426,6 +425,9 @@ const runSession = <E, R, EH, RH>(
     const owned = new Map<string, PartitionState>()
     const maxPoll = config.session.maxPollRecords
     const { ordering, concurrency } = config
+    /** The latest offset the consumer can read: the last stable offset under read_committed, else the high watermark. */
+    const reachable = (offsets: PartitionOffsets) =>
+      config.session.isolationLevel === "read_uncommitted" ? offsets.latest : offsets.lastStable
     const { permits } = env
     // Records finish out of order, across chunks, when the ordering allows it and the policy can commit that way.
     const outOfOrder = ordering === "partition" ? undefined : policy.outOfOrder
@@ -718,7 +720,9 @@ const runSession = <E, R, EH, RH>(
               const range = progress.rangeOf(index)
               const record = records[i]
               if (record === undefined || record.offset < range[0] || record.offset >= range[1]) {
-                return Effect.dieMessage(`${state.key}: the unit's records do not match its ranges at [${range[0]}, ${range[1]})`)
+                return Effect.dieMessage(
+                  `${state.key}: the unit's records do not match its ranges at [${range[0]}, ${range[1]})`
+                )
               }
               return unit([Chunk.of(record)], [range], [index])
             }, { discard: true })
@@ -870,11 +874,7 @@ const runSession = <E, R, EH, RH>(
         )
       }
       // The latest a read_committed consumer can read is the last stable offset, as the Java client resets to.
-      const target = config.offsetReset === "earliest"
-        ? range.earliest
-        : config.session.isolationLevel === "read_uncommitted"
-        ? range.latest
-        : range.lastStable
+      const target = config.offsetReset === "earliest" ? range.earliest : reachable(range)
       if (position === null) return Effect.succeed(target)
       return Effect.as(
         Effect.logWarning(
@@ -1204,9 +1204,7 @@ const runSession = <E, R, EH, RH>(
       })
     )
 
-    if (telemetry !== undefined) {
-      yield* lagReports(telemetry, session, owned, sessionScope, config.session.isolationLevel !== "read_uncommitted")
-    }
+    if (telemetry !== undefined) yield* lagReports(telemetry, session, owned, sessionScope, reachable)
 
     const loop = guard(session.poll).pipe(
       Effect.flatMap((events) => {
