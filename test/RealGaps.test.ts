@@ -4,7 +4,7 @@
  * the end by the library's consumer on kafkajs. Without crashes every policy hands each readable record over once,
  * and its position ends past the last marker.
  */
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import * as Cause from "effect/Cause"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
@@ -12,7 +12,6 @@ import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import type * as Scope from "effect/Scope"
-import postgres from "postgres"
 import { inject } from "vitest"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
@@ -23,6 +22,7 @@ import { OffsetOutOfRange } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import { DriverTestKit } from "./driverSuite.js"
+import { droppedAfterAll } from "./support/pgTables.js"
 import { testKit, withAdmin } from "./support/kafkaKit.js"
 import { eventually } from "./support/kit.js"
 
@@ -30,13 +30,8 @@ const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
 const unique = (prefix: string) => `${prefix}-${crypto.randomUUID().slice(0, 8)}`
 
-/** The offset tables this file creates, dropped when it is done. */
-const tables: Array<string> = []
-afterAll(async () => {
-  const sql = postgres(url, { onnotice: () => {}, max: 1 })
-  for (const table of tables) await sql.unsafe(`drop table if exists "${table}"`)
-  await sql.end({ timeout: 5 })
-})
+/** Offset tables of this file's own, dropped when it is done. */
+const offsetTable = droppedAfterAll(url)
 
 const policies = ["atMostOnce", "autoCommit", "commitAfter", "transactional"] as const
 type PolicyName = typeof policies[number]
@@ -72,8 +67,7 @@ const underTest = (policy: PolicyName): Effect.Effect<UnderTest, unknown, Scope.
       case "commitAfter":
         return { policy, layer: CommitPolicy.commitAfter({ maxBatch: 7, maxInterval: "200 millis" }), positions: committed }
       case "transactional": {
-        const table = `gaps_offsets_${crypto.randomUUID().slice(0, 8)}`
-        tables.push(table)
+        const table = offsetTable("gaps_offsets")
         const context = yield* Layer.build(PgOffsetStore.layer({ url, table, migrate: true }))
         const store = Context.get(context, OffsetStore.OffsetStore)
         return {

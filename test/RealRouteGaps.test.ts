@@ -4,7 +4,7 @@
  * ordering with `transactional` (Postgres) the records are paired with their offset ranges; looked up where a range
  * starts, they were not found after a gap and the consumer died on every restart.
  */
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import * as Cause from "effect/Cause"
 import * as Chunk from "effect/Chunk"
 import * as Context from "effect/Context"
@@ -15,7 +15,6 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
-import postgres from "postgres"
 import { inject } from "vitest"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
@@ -26,18 +25,15 @@ import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import { DriverTestKit } from "./driverSuite.js"
 import { readTopic } from "./producerSuite.js"
+import { droppedAfterAll } from "./support/pgTables.js"
 import { testKit, withAdmin } from "./support/kafkaKit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
 const unique = (prefix: string) => `${prefix}-${crypto.randomUUID().slice(0, 8)}`
 
-const tables: Array<string> = []
-afterAll(async () => {
-  const sql = postgres(url, { onnotice: () => {}, max: 1 })
-  for (const table of tables) await sql.unsafe(`drop table if exists "${table}"`)
-  await sql.end({ timeout: 5 })
-})
+/** Offset tables of this file's own, dropped when it is done. */
+const offsetTable = droppedAfterAll(url)
 
 class Refused extends Schema.TaggedError<Refused>()("Refused", {}) {}
 
@@ -88,8 +84,7 @@ if (brokers) {
                 return offset === undefined || BigInt(offset) < 0n ? undefined : BigInt(offset)
               })
             if (policy === "transactional") {
-              const table = `route_gaps_${crypto.randomUUID().slice(0, 8)}`
-              tables.push(table)
+              const table = offsetTable("route_gaps")
               const context = yield* Layer.build(PgOffsetStore.layer({ url, table, migrate: true }))
               const store = Context.get(context, OffsetStore.OffsetStore)
               layer = CommitPolicy.transactional().pipe(Layer.provide(Layer.succeedContext(context)))
