@@ -20,9 +20,9 @@ import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { Driver, IsolationLevel } from "./Driver.js"
 import * as Codec from "./Codec.js"
 import * as FailureRoute from "./FailureRoute.js"
-import * as config_ from "./internal/config.js"
-import * as route from "./internal/route.js"
-import * as runloop from "./internal/runloop.js"
+import * as config_ from "./internal/shared/config.js"
+import * as route from "./internal/route/router.js"
+import * as runloop from "./internal/consumer/runloop.js"
 import {
   type CircuitOpen,
   type CommitFailed,

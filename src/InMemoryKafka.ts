@@ -27,12 +27,12 @@ import {
   type SessionOptions
 } from "./Driver.js"
 import { type CrashPoint, Faults } from "./Faults.js"
-import * as groups from "./internal/memoryGroups.js"
-import * as memoryLog from "./internal/memoryLog.js"
-import { partitionOfKey } from "./internal/murmur2.js"
-import { utf8EncodeInto, utf8Length } from "./internal/utf8.js"
-import * as producer from "./internal/producer.js"
-import { MemoryRecord } from "./internal/record.js"
+import * as groups from "./internal/memory/groups.js"
+import * as memoryLog from "./internal/memory/log.js"
+import { partitionOfKey } from "./internal/shared/murmur2.js"
+import { utf8EncodeInto, utf8Length } from "./internal/shared/utf8.js"
+import * as producer from "./internal/producer/producer.js"
+import { MemoryRecord } from "./internal/memory/record.js"
 import {
   CommitFailed,
   type CommitFailureReason,

@@ -17,10 +17,10 @@ import type { Message } from "kafkajs"
 import { Driver } from "./Driver.js"
 import type { InvalidConfig, TransactionFailed } from "./KafkaError.js"
 import { DriverError } from "./KafkaError.js"
-import * as internal from "./internal/kafkajs.js"
-import * as kafkajsProducer from "./internal/kafkajsProducer.js"
-import * as session from "./internal/kafkajsSession.js"
-import * as producerInternal from "./internal/producer.js"
+import * as internal from "./internal/kafkajs/driver.js"
+import * as kafkajsProducer from "./internal/kafkajs/producer.js"
+import * as session from "./internal/kafkajs/session.js"
+import * as producerInternal from "./internal/producer/producer.js"
 import {
   Producer,
   type ProducerRecord,

@@ -33,7 +33,7 @@ import * as Metric from "effect/Metric"
 import * as MetricBoundaries from "effect/MetricBoundaries"
 import * as PubSub from "effect/PubSub"
 import * as Stream from "effect/Stream"
-import * as config from "./internal/config.js"
+import * as config from "./internal/shared/config.js"
 import type { InvalidConfig } from "./KafkaError.js"
 
 /**

@@ -10,7 +10,7 @@ import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as OffsetStore from "../src/OffsetStore.js"
-import { decode, encode, Progress, type Range } from "../src/internal/progress.js"
+import { decode, encode, Progress, type Range } from "../src/internal/consumer/progress.js"
 import { settled } from "./support/kit.js"
 
 const withKafka = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.provide(effect, InMemoryKafka.layer())

@@ -13,8 +13,8 @@ import {
   KafkaJSNumberOfRetriesExceeded,
   KafkaJSProtocolError
 } from "kafkajs"
-import { makeWriter } from "../src/internal/kafkajsProducer.js"
-import * as internal from "../src/internal/producer.js"
+import { makeWriter } from "../src/internal/kafkajs/producer.js"
+import * as internal from "../src/internal/producer/producer.js"
 import type { ProduceFailed } from "../src/KafkaError.js"
 import type { ProducerRecord, RecordMetadata } from "../src/Producer.js"
 

@@ -18,7 +18,7 @@ import * as KafkaJs from "../src/KafkaJs.js"
 import { DriverError } from "../src/KafkaError.js"
 import * as OffsetBatch from "../src/OffsetBatch.js"
 import * as TopicPartition from "../src/TopicPartition.js"
-import { makeReadWire } from "../src/internal/kafkajsWire.js"
+import { makeReadWire } from "../src/internal/kafkajs/wire.js"
 import { kafkaClient } from "./support/kafkaKit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")

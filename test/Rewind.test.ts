@@ -16,7 +16,7 @@ import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import { Driver, type DriverEvent } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as OffsetBatch from "../src/OffsetBatch.js"
-import { decode, Progress } from "../src/internal/progress.js"
+import { decode, Progress } from "../src/internal/consumer/progress.js"
 import { inMemoryWrapping } from "./support/kit.js"
 
 describe("Progress.rewind", () => {

@@ -9,8 +9,8 @@ import * as Layer from "effect/Layer"
 import * as Schedule from "effect/Schedule"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { HandlerFailure, makeRouter, type Mode, retryable } from "../src/internal/route.js"
-import { retryAfterFailure } from "../src/internal/retry.js"
+import { HandlerFailure, makeRouter, type Mode, retryable } from "../src/internal/route/router.js"
+import { retryAfterFailure } from "../src/internal/shared/retry.js"
 
 const tp = { topic: "t", partition: 0 }
 const record = (offset: number): ConsumerRecord => ({

@@ -6,7 +6,7 @@ import { assert, describe, it } from "@effect/vitest"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
-import * as StuckWorkers from "../src/internal/stuckWorkers.js"
+import * as StuckWorkers from "../src/internal/consumer/stuckWorkers.js"
 
 describe("stuck workers", () => {
   it.effect("are remembered while they run and forgotten when they end", () =>

@@ -13,7 +13,7 @@ import {
   ResponseTap,
   STABLE_OFFSET_FETCH,
   toStableOffsetFetch
-} from "../src/internal/kafkajsWire.js"
+} from "../src/internal/kafkajs/wire.js"
 
 const require = createRequire(import.meta.url)
 

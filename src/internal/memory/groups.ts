@@ -1,9 +1,9 @@
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import type { DriverEvent, SessionOptions } from "../Driver.js"
-import { CommitFailed, type CommitFailureReason } from "../KafkaError.js"
-import type * as OffsetBatch from "../OffsetBatch.js"
-import * as TopicPartition from "../TopicPartition.js"
+import type { DriverEvent, SessionOptions } from "../../Driver.js"
+import { CommitFailed, type CommitFailureReason } from "../../KafkaError.js"
+import type * as OffsetBatch from "../../OffsetBatch.js"
+import * as TopicPartition from "../../TopicPartition.js"
 
 /** @internal */
 export type Assignor = "range" | "roundRobin"

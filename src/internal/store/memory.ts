@@ -1,9 +1,9 @@
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
-import type { Claim, CommitUnit } from "../OffsetStore.js"
-import { type Fenced, OffsetStore, Results, type Transaction } from "../OffsetStore.js"
-import * as TopicPartition from "../TopicPartition.js"
-import { advance, type Range } from "./progress.js"
+import type { Claim, CommitUnit } from "../../OffsetStore.js"
+import { type Fenced, OffsetStore, Results, type Transaction } from "../../OffsetStore.js"
+import * as TopicPartition from "../../TopicPartition.js"
+import { advance, type Range } from "../consumer/progress.js"
 import { fencedUnit, runUnit } from "./unitBuffer.js"
 
 const STORE = "memory"

@@ -1,7 +1,5 @@
-import { type ConsumerRecord, toPlain } from "../ConsumerRecord.js"
-
-/** What Node's `inspect` calls to print an object. @internal */
-export const inspectSymbol = Symbol.for("nodejs.util.inspect.custom")
+import { type ConsumerRecord, toPlain } from "../../ConsumerRecord.js"
+import { inspectSymbol } from "../shared/inspect.js"
 
 /**
  * A record of the in-memory broker. Its fields are read through getters, as a kafkajs record's are, so that code

@@ -9,8 +9,8 @@ import * as Fiber from "effect/Fiber"
 import * as FiberId from "effect/FiberId"
 import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
-import { InvalidConfig, ProduceFailed, TransactionFailed } from "../KafkaError.js"
-import { Observability } from "../Observability.js"
+import { InvalidConfig, ProduceFailed, TransactionFailed } from "../../KafkaError.js"
+import { Observability } from "../../Observability.js"
 import {
   Producer,
   type ProducerRecord,
@@ -19,11 +19,11 @@ import {
   type TransactionalProducer,
   type TransactionalSettings,
   type TransactionOffsets
-} from "../Producer.js"
-import { positiveDuration } from "./config.js"
-import { partitionOfKey } from "./murmur2.js"
-import * as telemetry from "./telemetry.js"
-import { utf8Encode, utf8Length } from "./utf8.js"
+} from "../../Producer.js"
+import { positiveDuration } from "../shared/config.js"
+import { partitionOfKey } from "../shared/murmur2.js"
+import * as telemetry from "../telemetry/telemetry.js"
+import { utf8Encode, utf8Length } from "../shared/utf8.js"
 import { isFailure, type Written } from "./written.js"
 
 /**

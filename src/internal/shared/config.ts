@@ -1,7 +1,7 @@
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import { InvalidConfig } from "../KafkaError.js"
+import { InvalidConfig } from "../../KafkaError.js"
 
 /** A positive, finite duration, or a `InvalidConfig` naming `field`. */
 export const positiveDuration = (field: string, input: Duration.DurationInput): Effect.Effect<Duration.Duration, InvalidConfig> =>

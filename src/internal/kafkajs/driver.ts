@@ -12,11 +12,11 @@ import type {
   RetryOptions as KafkaRetryOptions,
   SASLOptions
 } from "kafkajs"
-import { type ConsumerRecord, toPlain } from "../ConsumerRecord.js"
-import type { Config, LogLevel, RetryOptions, SaslOptions, TlsOptions } from "../KafkaJs.js"
-import { CommitFailed, InvalidConfig, DriverError } from "../KafkaError.js"
-import type { TopicPartition } from "../TopicPartition.js"
-import { inspectSymbol } from "./record.js"
+import { type ConsumerRecord, toPlain } from "../../ConsumerRecord.js"
+import type { Config, LogLevel, RetryOptions, SaslOptions, TlsOptions } from "../../KafkaJs.js"
+import { CommitFailed, InvalidConfig, DriverError } from "../../KafkaError.js"
+import type { TopicPartition } from "../../TopicPartition.js"
+import { inspectSymbol } from "../shared/inspect.js"
 
 const brokerPattern = /^(\[[0-9A-Fa-f:.]+\]|[^\s:/[\]@]+):(\d{1,5})$/
 

@@ -12,17 +12,17 @@ import * as Mailbox from "effect/Mailbox"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
-import { CommitPolicy, type PolicyContext, type PolicyError, type PolicyInstance } from "../CommitPolicy.js"
-import type { ConsumerRecord } from "../ConsumerRecord.js"
+import { CommitPolicy, type PolicyContext, type PolicyError, type PolicyInstance } from "../../CommitPolicy.js"
+import type { ConsumerRecord } from "../../ConsumerRecord.js"
 import {
   Driver,
   type DriverEvent,
   type DriverSession,
   type PartitionOffsets,
   type SessionOptions
-} from "../Driver.js"
-import { dueOf } from "../FailureRoute.js"
-import { Crashed, Faults } from "../Faults.js"
+} from "../../Driver.js"
+import { dueOf } from "../../FailureRoute.js"
+import { Crashed, Faults } from "../../Faults.js"
 import {
   type CircuitOpen,
   CommitFailed,
@@ -35,14 +35,14 @@ import {
   type RecordNotInChunk,
   TransactionFailed,
   WorkerStuck
-} from "../KafkaError.js"
-import { metrics, Observability, type PartitionLag } from "../Observability.js"
-import { Fenced } from "../OffsetStore.js"
-import * as TopicPartition from "../TopicPartition.js"
+} from "../../KafkaError.js"
+import { metrics, Observability, type PartitionLag } from "../../Observability.js"
+import { Fenced } from "../../OffsetStore.js"
+import * as TopicPartition from "../../TopicPartition.js"
 import { concurrently, keyText, type Ordering } from "./ordering.js"
 import * as Permits from "./permits.js"
 import { Progress, type Range } from "./progress.js"
-import { retryAfterFailure } from "./retry.js"
+import { retryAfterFailure } from "../shared/retry.js"
 import * as StuckWorkers from "./stuckWorkers.js"
 import {
   HandlerFailure,
@@ -53,8 +53,8 @@ import {
   Fatal,
   type RouteSettings,
   type Work
-} from "./route.js"
-import { type ConsumerTelemetry, makeConsumer } from "./telemetry.js"
+} from "../route/router.js"
+import { type ConsumerTelemetry, makeConsumer } from "../telemetry/telemetry.js"
 
 /** Where a partition starts when it has no position, or one outside its log. */
 export type OffsetReset = "earliest" | "latest" | "none"
@@ -98,7 +98,7 @@ export type RunError = InvalidConfig | PolicyError | OffsetOutOfRange | Partitio
  */
 export type RouteError<E> = ProduceFailed | CircuitOpen<E> | RecordNotInChunk<E>
 
-export { HandlerFailure, type Work } from "./route.js"
+export { HandlerFailure, type Work } from "../route/router.js"
 
 /**
  * How long a routed record waits for others to be written with it, under a policy whose commits wait for the writes:

@@ -1,6 +1,6 @@
 import * as Chunk from "effect/Chunk"
-import type { ConsumerRecord } from "../ConsumerRecord.js"
-import type { PartitionOffsets } from "../Driver.js"
+import type { ConsumerRecord } from "../../ConsumerRecord.js"
+import type { PartitionOffsets } from "../../Driver.js"
 
 /**
  * One partition's log as a read-committed consumer sees it. Offsets are not contiguous: a transaction's commit or

@@ -1,5 +1,5 @@
-import type { ProduceFailed } from "../KafkaError.js"
-import type { RecordMetadata } from "../Producer.js"
+import type { ProduceFailed } from "../../KafkaError.js"
+import type { RecordMetadata } from "../../Producer.js"
 
 /** What a write did for one record: where it was written, or why not. @internal */
 export type Written = RecordMetadata | ProduceFailed

@@ -2,7 +2,7 @@ import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
-import type { ConsumerRecord } from "../ConsumerRecord.js"
+import type { ConsumerRecord } from "../../ConsumerRecord.js"
 import type { Permits } from "./permits.js"
 
 /**

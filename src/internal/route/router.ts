@@ -6,11 +6,11 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
-import type { ConsumerRecord } from "../ConsumerRecord.js"
-import { deadLetterRecord } from "../FailureRoute.js"
-import { CircuitOpen, DecodeFailed, ProduceFailed, type RecordNotInChunk } from "../KafkaError.js"
-import { Producer, type ProducerRecord, type RecordMetadata } from "../Producer.js"
-import * as TopicPartition from "../TopicPartition.js"
+import type { ConsumerRecord } from "../../ConsumerRecord.js"
+import { deadLetterRecord } from "../../FailureRoute.js"
+import { CircuitOpen, DecodeFailed, ProduceFailed, type RecordNotInChunk } from "../../KafkaError.js"
+import { Producer, type ProducerRecord, type RecordMetadata } from "../../Producer.js"
+import * as TopicPartition from "../../TopicPartition.js"
 
 /** The failure route after validation. */
 export interface RouteSettings {

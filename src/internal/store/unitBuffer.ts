@@ -1,5 +1,5 @@
 import * as Effect from "effect/Effect"
-import { type CommitUnit, Fenced, Transaction } from "../OffsetStore.js"
+import { type CommitUnit, Fenced, Transaction } from "../../OffsetStore.js"
 
 /**
  * The open transaction of the memory and file stores: results appended by the work, kept as JSON text so that what

@@ -11,8 +11,8 @@ import type {
   Transaction
 } from "kafkajs"
 import { CompressionTypes } from "kafkajs"
-import { type DriverError, ProduceFailed, type ProduceFailureReason, type TransactionFailed } from "../KafkaError.js"
-import type { Producer, ProducerRecord, TransactionalProducers } from "../Producer.js"
+import { type DriverError, ProduceFailed, type ProduceFailureReason, type TransactionFailed } from "../../KafkaError.js"
+import type { Producer, ProducerRecord, TransactionalProducers } from "../../Producer.js"
 import {
   causeChain,
   type ClientConfig,
@@ -22,8 +22,8 @@ import {
   isRetriable,
   makeClient,
   protocolType
-} from "./kafkajs.js"
-import * as producer from "./producer.js"
+} from "./driver.js"
+import * as producer from "../producer/producer.js"
 
 /** How long a topic's partition count is trusted before it is read again (the Java client's `metadata.max.age.ms`). */
 const METADATA_MAX_AGE = 5 * 60 * 1000

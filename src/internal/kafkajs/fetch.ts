@@ -10,11 +10,11 @@
 import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
 import type { Batch, Consumer, EachBatchPayload, KafkaMessage } from "kafkajs"
-import type { ConsumerRecord } from "../ConsumerRecord.js"
-import type { DriverEvent, PartitionOffsets } from "../Driver.js"
-import { DriverError } from "../KafkaError.js"
-import * as TopicPartition from "../TopicPartition.js"
-import { describe, toConsumerRecord } from "./kafkajs.js"
+import type { ConsumerRecord } from "../../ConsumerRecord.js"
+import type { DriverEvent, PartitionOffsets } from "../../Driver.js"
+import { DriverError } from "../../KafkaError.js"
+import * as TopicPartition from "../../TopicPartition.js"
+import { describe, toConsumerRecord } from "./driver.js"
 
 /**
  * Why an `eachBatch` call stopped waiting for the runloop:

@@ -1,0 +1,2 @@
+/** What Node's `inspect` calls to print an object. @internal */
+export const inspectSymbol = Symbol.for("nodejs.util.inspect.custom")
