@@ -52,6 +52,16 @@ export const string: Schema.Schema<string, Uint8Array> = Schema.transformOrFail(
 /**
  * JSON text in UTF-8, parsed and then decoded by `schema`.
  *
+ * @example
+ * ```ts
+ * import { Codec } from "effect-kafka-delivery"
+ * import * as Schema from "effect/Schema"
+ *
+ * const Payment = Schema.Struct({ id: Schema.String, cents: Schema.Number })
+ * const bytes = new TextEncoder().encode(JSON.stringify({ id: "p-1", cents: 1250 }))
+ * assert.deepStrictEqual(Schema.decodeUnknownSync(Codec.json(Payment))(bytes), { id: "p-1", cents: 1250 })
+ * ```
+ *
  * @since 0.1.0
  * @category codecs
  */

@@ -21,7 +21,9 @@ import type * as Scope from "effect/Scope"
 import type { ConsumerRecord } from "./ConsumerRecord.js"
 import type { DriverSession } from "./Driver.js"
 import type { CrashPoint } from "./Faults.js"
-import * as internal from "./internal/policy/commitPolicy.js"
+import * as kafkaCommits from "./internal/policy/kafkaCommits.js"
+import { kafkaTransactionalLayer } from "./internal/policy/kafkaTransactional.js"
+import { transactionalLayer } from "./internal/policy/transactional.js"
 import * as config from "./internal/shared/config.js"
 import type { CommitFailed, DriverError, TransactionFailed } from "./KafkaError.js"
 import type { InvalidConfig } from "./KafkaError.js"
@@ -215,7 +217,7 @@ export const atMostOnce = (): Layer.Layer<CommitPolicy> => atMostOnceLayer
 
 const atMostOnceLayer: Layer.Layer<CommitPolicy> = Layer.succeed(CommitPolicy, {
   name: "atMostOnce",
-  make: internal.atMostOnce
+  make: kafkaCommits.atMostOnce
 })
 
 /**
@@ -243,7 +245,7 @@ export const autoCommit = (options: AutoCommitOptions): Layer.Layer<CommitPolicy
     CommitPolicy,
     Effect.map(config.positiveDuration("autoCommit.interval", options.interval), (interval) => ({
       name: "autoCommit",
-      make: (context: PolicyContext) => internal.autoCommit(context, interval)
+      make: (context: PolicyContext) => kafkaCommits.autoCommit(context, interval)
     }))
   )
 
@@ -286,7 +288,7 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
       const maxInterval = yield* config.positiveDuration("commitAfter.maxInterval", options.maxInterval)
       return {
         name: "commitAfter",
-        make: (context: PolicyContext) => internal.commitAfter(context, maxBatch, maxInterval)
+        make: (context: PolicyContext) => kafkaCommits.commitAfter(context, maxBatch, maxInterval)
       }
     })
   )
@@ -310,13 +312,31 @@ export const commitAfter = (options: CommitAfterOptions): Layer.Layer<CommitPoli
  * The store keeps, per partition, the position and the ranges finished above it; on assign the member starts at the
  * position and skips those ranges. Units of one owner commit side by side; only the owner epoch fences them.
  *
+ * @example
+ * ```ts
+ * import { CommitPolicy, Consumer, ConsumerRecord, PgOffsetStore } from "effect-kafka-delivery"
+ * import * as Effect from "effect/Effect"
+ * import * as Layer from "effect/Layer"
+ *
+ * // Each payment and the partition's new position are written in one Postgres transaction: all land or none does.
+ * const consumer = Consumer.run({ groupId: "ledger", topics: ["payments"] }, (records) =>
+ *   Effect.forEach(records, (record) =>
+ *     PgOffsetStore.query((sql) =>
+ *       sql`insert into payments (id, body) values (${String(record.offset)}, ${ConsumerRecord.valueString(record)})`
+ *     ), { discard: true }))
+ *
+ * const program = consumer.pipe(
+ *   Effect.provide(CommitPolicy.transactional().pipe(Layer.provide(PgOffsetStore.layerConfig())))
+ * )
+ * ```
+ *
  * @since 0.1.0
  * @category layers
  */
 export const transactional = (
   options: { readonly commitToKafka?: boolean } = {}
 ): Layer.Layer<CommitPolicy | Transaction, never, OffsetStore> =>
-  internal.transactionalLayer(options.commitToKafka ?? false)
+  transactionalLayer(CommitPolicy, options.commitToKafka ?? false)
 
 /**
  * @since 0.1.0
@@ -359,4 +379,4 @@ export interface KafkaTransactionalOptions {
 export const kafkaTransactional = (
   options: KafkaTransactionalOptions = {}
 ): Layer.Layer<CommitPolicy | Producer, never, TransactionalProducers> =>
-  internal.kafkaTransactionalLayer(options.transactionalIdPrefix ?? "")
+  kafkaTransactionalLayer(CommitPolicy, options.transactionalIdPrefix ?? "")

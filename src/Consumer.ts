@@ -391,6 +391,17 @@ const routeOf = (config: AnyConfig): Effect.Effect<route.RouteSettings | undefin
 /**
  * Checks a configuration before anything connects; each invalid value fails with a `InvalidConfig` naming its field.
  *
+ * @example
+ * ```ts
+ * import { Consumer } from "effect-kafka-delivery"
+ * import * as Effect from "effect/Effect"
+ *
+ * // A revoke has to end within the rebalance, so this configuration is refused before anything connects.
+ * const config = { groupId: "ledger", topics: ["payments"], revokeTimeout: "90 seconds" } as const
+ * const error = Effect.runSync(Effect.flip(Consumer.validate(config)))
+ * assert.strictEqual(error.field, "revokeTimeout")
+ * ```
+ *
  * @since 0.1.0
  * @category constructors
  */
@@ -417,6 +428,26 @@ export type Handler<E, R> = (
  *
  * A handler that writes through the offset store's transaction (it requires `OffsetStore.Transaction`) can run only
  * under `CommitPolicy.transactional`, the one policy that provides it.
+ *
+ * @example
+ * ```ts
+ * import { CommitPolicy, Consumer, KafkaJs } from "effect-kafka-delivery"
+ * import * as Console from "effect/Console"
+ * import * as Effect from "effect/Effect"
+ * import * as Layer from "effect/Layer"
+ *
+ * // Each chunk holds records of one partition in offset order; its position is committed after the handler succeeds.
+ * const consumer = Consumer.run({ groupId: "ledger", topics: ["payments"] }, (records, partition) =>
+ *   Console.log(`${partition.topic}-${partition.partition}: ${records.length} records`))
+ *
+ * // Building the program connects to nothing: the driver connects when the program runs.
+ * const program = consumer.pipe(
+ *   Effect.provide(Layer.merge(
+ *     KafkaJs.layer({ brokers: ["localhost:9092"] }),
+ *     CommitPolicy.commitAfter({ maxBatch: 500, maxInterval: "1 second" })
+ *   ))
+ * )
+ * ```
  *
  * @since 0.1.0
  * @category running
@@ -507,6 +538,22 @@ export const runEach = <C extends AnyConfig, E, R, EH = never, RH = never>(
 /**
  * A record handler for `runEach` that gets records decoded by `schemas` (see `Codec`). A record that does not decode
  * fails with `DecodeFailed`, which is not retried: the consumer's failure route takes it.
+ *
+ * @example
+ * ```ts
+ * import { Codec, Consumer } from "effect-kafka-delivery"
+ * import * as Console from "effect/Console"
+ * import * as Schema from "effect/Schema"
+ *
+ * const Payment = Schema.Struct({ id: Schema.String, cents: Schema.Number })
+ *
+ * // A value that is not a payment fails with `DecodeFailed`, naming the record, before the handler sees it.
+ * const consumer = Consumer.runEach(
+ *   { groupId: "ledger", topics: ["payments"] },
+ *   Consumer.decoded({ value: Codec.json(Payment) }, (record) =>
+ *     Console.log(`${record.value.id}: ${record.value.cents}`))
+ * )
+ * ```
  *
  * @since 0.1.0
  * @category decoding

@@ -131,6 +131,11 @@ export class HandlerFailed<out E = unknown> extends Data.TaggedError("HandlerFai
   readonly offset: bigint
   readonly cause: unknown
 }> {
+  /**
+   * The handler's own error, the one it failed with on its last retry.
+   *
+   * @since 0.1.0
+   */
   declare readonly cause: E
 
   override get message(): string {
@@ -239,6 +244,11 @@ export class RecordFailed<out E = unknown> extends Data.TaggedError("RecordFaile
   readonly offset: bigint
   readonly cause: unknown
 }> {
+  /**
+   * The error the record at `offset` failed with.
+   *
+   * @since 0.1.0
+   */
   declare readonly cause: E
 
   override get message(): string {
@@ -263,6 +273,11 @@ export class RecordNotInChunk<out E = unknown> extends Data.TaggedError("RecordN
   readonly last: bigint
   readonly cause: unknown
 }> {
+  /**
+   * The handler's `RecordFailed`, naming an offset that is not in the chunk.
+   *
+   * @since 0.2.0
+   */
   declare readonly cause: E
 
   override get message(): string {
@@ -315,6 +330,11 @@ export class CircuitOpen<out E = unknown> extends Data.TaggedError("CircuitOpen"
   readonly count: number
   readonly cause: unknown
 }> {
+  /**
+   * The handler's own error on the last record of the run of failures.
+   *
+   * @since 0.1.0
+   */
   declare readonly cause: E
 
   override get message(): string {

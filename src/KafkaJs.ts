@@ -9,17 +9,14 @@ import * as Duration from "effect/Duration"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
-import * as Option from "effect/Option"
 import type * as Redacted from "effect/Redacted"
-import * as Schedule from "effect/Schedule"
-import { Partitioners } from "kafkajs"
-import type { Message } from "kafkajs"
 import { Driver } from "./Driver.js"
-import type { InvalidConfig, TransactionFailed } from "./KafkaError.js"
-import { DriverError } from "./KafkaError.js"
+import type { DriverError, InvalidConfig, TransactionFailed } from "./KafkaError.js"
+import * as admin from "./internal/kafkajs/admin.js"
 import * as internal from "./internal/kafkajs/driver.js"
 import * as kafkajsProducer from "./internal/kafkajs/producer.js"
 import * as session from "./internal/kafkajs/session.js"
+import * as kafkajsTransactional from "./internal/kafkajs/transactional.js"
 import * as producerInternal from "./internal/producer/producer.js"
 import {
   Producer,
@@ -323,7 +320,7 @@ export const layerTransactionalProducers = (
         { ...connection, ...(retry === undefined ? {} : { retry }) },
         runtime
       )
-      return yield* kafkajsProducer.makeTransactionClients(
+      return yield* kafkajsTransactional.makeTransactionClients(
         client,
         resolved,
         Duration.toMillis(transactionTimeout),
@@ -365,15 +362,6 @@ export const parseBrokers = (
   brokers: string | ReadonlyArray<string>
 ): Effect.Effect<ReadonlyArray<string>, InvalidConfig> => internal.parseBrokers(brokers)
 
-const adminClient = (brokers: string | ReadonlyArray<string>, clientId: string) =>
-  Effect.gen(function*() {
-    const list = yield* internal.parseBrokers(brokers)
-    const runtime = yield* Effect.runtime<never>()
-    const config = yield* internal.makeClientConfig({ brokers: list, clientId }, runtime)
-    return internal.makeClient(config)
-  })
-
-
 /**
  * Creates a topic and waits until its partitions have leaders. Succeeds when the topic already exists.
  *
@@ -385,69 +373,7 @@ export const createTopic = (
   topic: string,
   partitions: number
 ): Effect.Effect<void, InvalidConfig | DriverError> =>
-  Effect.gen(function*() {
-    if (topic.length === 0) return yield* new DriverError({ operation: "createTopic", reason: "empty topic name" })
-    if (!Number.isInteger(partitions) || partitions < 1) {
-      return yield* new DriverError({ operation: "createTopic", reason: `invalid partition count ${partitions}` })
-    }
-    const client = yield* adminClient(brokers, "effect-kafka-admin")
-    const admin = client.admin()
-    yield* Effect.acquireRelease(
-      Effect.tryPromise({ try: () => admin.connect(), catch: internal.driverError("createTopic") }),
-      () => internal.disconnect(() => admin.disconnect())
-    )
-    yield* Effect.tryPromise({
-      try: () => admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: false }),
-      catch: internal.driverError("createTopic")
-    })
-    // kafkajs's own wait for leaders gives up on the UNKNOWN_TOPIC_OR_PARTITION a KRaft broker answers until its
-    // metadata has caught up with the new topic; wait here until every partition has a leader. A leader named in the
-    // metadata may still refuse a partition for a moment (NOT_LEADER_OR_FOLLOWER): a write to it would fail, and a
-    // client that retries a whole request would write the partitions that took it twice. So the partitions' offsets,
-    // which only their leaders answer, must be read too.
-    const ready = Effect.tryPromise({
-      try: () => admin.fetchTopicMetadata({ topics: [topic] }),
-      catch: internal.driverError("createTopic")
-    }).pipe(
-      Effect.map(({ topics }) => {
-        const found = topics.find((t) => t.name === topic)
-        return found !== undefined && found.partitions.length >= partitions &&
-          found.partitions.every((p) => p.leader >= 0)
-      }),
-      Effect.flatMap((led) =>
-        led
-          ? Effect.tryPromise({
-            try: () => admin.fetchTopicOffsets(topic),
-            catch: internal.driverError("createTopic")
-          }).pipe(Effect.map((offsets) => offsets.length >= partitions))
-          : Effect.succeed(false)
-      ),
-      Effect.catchAll(() => Effect.succeed(false))
-    )
-    const led = yield* ready.pipe(
-      Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: (ok) => ok }),
-      Effect.timeoutOption("30 seconds")
-    )
-    if (Option.isNone(led)) {
-      return yield* new DriverError({
-        operation: "createTopic",
-        reason: `${topic} was created but its partitions had no leaders within 30 seconds`
-      })
-    }
-  }).pipe(Effect.scoped)
-
-const toMessage = (record: ProduceRecord): Message => {
-  const message: Message = { value: record.value === null ? null : internal.toBuffer(record.value) }
-  if (record.partition !== undefined) message.partition = record.partition
-  if (record.key !== undefined) message.key = record.key === null ? null : internal.toBuffer(record.key)
-  if (record.headers !== undefined) {
-    const headers: Record<string, Buffer | string> = {}
-    for (const [name, value] of Object.entries(record.headers)) headers[name] = internal.toBuffer(value)
-    message.headers = headers
-  }
-  if (record.timestamp !== undefined) message.timestamp = String(record.timestamp)
-  return message
-}
+  admin.createTopic(brokers, topic, partitions)
 
 /**
  * Produces records to a topic with acknowledgement from all in-sync replicas, in batches, and waits until all are
@@ -461,28 +387,7 @@ export const produce = (
   topic: string,
   records: Iterable<ProduceRecord>
 ): Effect.Effect<void, InvalidConfig | DriverError> =>
-  Effect.gen(function*() {
-    const messages = Array.from(records, toMessage)
-    if (messages.length === 0) return
-    const client = yield* adminClient(brokers, "effect-kafka-producer")
-    const producer = client.producer({
-      createPartitioner: Partitioners.DefaultPartitioner,
-      allowAutoTopicCreation: false,
-      idempotent: true,
-      maxInFlightRequests: 1
-    })
-    yield* Effect.acquireRelease(
-      Effect.tryPromise({ try: () => producer.connect(), catch: internal.driverError("produce") }),
-      () => internal.disconnect(() => producer.disconnect())
-    )
-    const batchSize = 1000
-    for (let start = 0; start < messages.length; start += batchSize) {
-      yield* Effect.tryPromise({
-        try: () => producer.send({ topic, acks: -1, messages: messages.slice(start, start + batchSize) }),
-        catch: internal.driverError("produce")
-      })
-    }
-  }).pipe(Effect.scoped)
+  admin.produce(brokers, topic, records)
 
 /**
  * The last stable offset of every partition of a topic: how far a `read_committed` consumer can read (the high
@@ -495,16 +400,4 @@ export const endOffsets = (
   brokers: string | ReadonlyArray<string>,
   topic: string
 ): Effect.Effect<ReadonlyMap<number, bigint>, InvalidConfig | DriverError> =>
-  Effect.gen(function*() {
-    const client = yield* adminClient(brokers, "effect-kafka-admin")
-    const admin = client.admin()
-    yield* Effect.acquireRelease(
-      Effect.tryPromise({ try: () => admin.connect(), catch: internal.driverError("endOffsets") }),
-      () => internal.disconnect(() => admin.disconnect())
-    )
-    const offsets = yield* Effect.tryPromise({
-      try: () => admin.fetchTopicOffsets(topic),
-      catch: internal.driverError("endOffsets")
-    })
-    return new Map(offsets.map(({ partition, high }) => [partition, BigInt(high)] as const))
-  }).pipe(Effect.scoped)
+  admin.endOffsets(brokers, topic)

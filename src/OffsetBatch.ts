@@ -95,6 +95,17 @@ export const metadataOf = (self: OffsetBatch, tp: TopicPartition.TopicPartition)
 /**
  * Merges two batches, keeping the highest position per partition.
  *
+ * @example
+ * ```ts
+ * import { OffsetBatch, TopicPartition } from "effect-kafka-delivery"
+ *
+ * const p0 = TopicPartition.make("orders", 0)
+ * const p1 = TopicPartition.make("orders", 1)
+ * const merged = OffsetBatch.merge(OffsetBatch.of(p0, 10n), OffsetBatch.fromIterable([[p0, 7n], [p1, 3n]]))
+ * assert.strictEqual(OffsetBatch.get(merged, p0), 10n)
+ * assert.strictEqual(OffsetBatch.get(merged, p1), 3n)
+ * ```
+ *
  * @since 0.1.0
  * @category combinators
  */

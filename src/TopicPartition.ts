@@ -21,6 +21,15 @@ export const make = (topic: string, partition: number): TopicPartition => ({ top
 /**
  * A string key for a partition, `topic-partition` as Kafka tools print it; used to key maps.
  *
+ * @example
+ * ```ts
+ * import { TopicPartition } from "effect-kafka-delivery"
+ *
+ * const key = TopicPartition.key(TopicPartition.make("orders", 3))
+ * assert.strictEqual(key, "orders-3")
+ * assert.deepStrictEqual(TopicPartition.fromKey(key), { topic: "orders", partition: 3 })
+ * ```
+ *
  * @since 0.1.0
  * @category keys
  */

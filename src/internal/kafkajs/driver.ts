@@ -1,3 +1,8 @@
+/**
+ * The kafkajs clients of the adapter: the connection settings, checked (`makeClientConfig`), and the clients made from
+ * them (`makeClient`), whose log entries go to Effect's logger. kafkajs's errors are read in `errors.ts`, its messages
+ * in `records.ts`.
+ */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Redacted from "effect/Redacted"
@@ -6,17 +11,17 @@ import { Kafka, logLevel as KafkaLogLevel } from "kafkajs"
 import type {
   ISocketFactory,
   KafkaConfig,
-  KafkaMessage,
   LogEntry,
   logCreator,
   RetryOptions as KafkaRetryOptions,
   SASLOptions
 } from "kafkajs"
-import { type ConsumerRecord, toPlain } from "../../ConsumerRecord.js"
-import type { Config, LogLevel, RetryOptions, SaslOptions, TlsOptions } from "../../KafkaJs.js"
-import { CommitFailed, InvalidConfig, DriverError } from "../../KafkaError.js"
-import type { TopicPartition } from "../../TopicPartition.js"
-import { inspectSymbol } from "../shared/inspect.js"
+import { InvalidConfig } from "../../KafkaError.js"
+import type { ConnectionConfig, LogLevel, RetryOptions, SaslOptions, TlsOptions } from "./config.js"
+import { driverError } from "./errors.js"
+
+export { commitFailed, isRetriable } from "./errors.js"
+export { toConsumerRecord } from "./records.js"
 
 const brokerPattern = /^(\[[0-9A-Fa-f:.]+\]|[^\s:/[\]@]+):(\d{1,5})$/
 
@@ -129,18 +134,7 @@ export interface ClientConfig {
  * @internal
  */
 export const makeClientConfig = (
-  config: Pick<
-    Config,
-    | "brokers"
-    | "clientId"
-    | "ssl"
-    | "sasl"
-    | "connectionTimeout"
-    | "authenticationTimeout"
-    | "requestTimeout"
-    | "retry"
-    | "logLevel"
-  >,
+  config: ConnectionConfig,
   runtime: Runtime.Runtime<never>
 ): Effect.Effect<ClientConfig, InvalidConfig> =>
   Effect.gen(function*() {
@@ -288,119 +282,6 @@ export const makeClient = (config: ClientConfig, options: ClientOptions = {}): K
   })
 }
 
-// ---------------------------------------------------------------------------------------------------------------------
-// errors
-// ---------------------------------------------------------------------------------------------------------------------
-
-interface ErrorLike {
-  readonly name?: unknown
-  readonly type?: unknown
-  readonly message?: unknown
-  readonly retriable?: unknown
-  readonly cause?: unknown
-}
-
-const isErrorLike = (u: unknown): u is ErrorLike => typeof u === "object" && u !== null
-
-/**
- * kafkajs wraps errors (retries exceeded, non-retriable) with the original as `cause`; the protocol type is inside.
- *
- * @internal
- */
-export const causeChain = (error: unknown): Array<ErrorLike> => {
-  const chain: Array<ErrorLike> = []
-  let current: unknown = error
-  while (isErrorLike(current) && chain.length < 8 && !chain.includes(current)) {
-    chain.push(current)
-    current = current.cause
-  }
-  return chain
-}
-
-/** @internal */
-export const protocolType = (error: unknown): string | undefined => {
-  for (const e of causeChain(error)) {
-    if (typeof e.type === "string") return e.type
-  }
-  return undefined
-}
-
-/** @internal */
-export const describe = (error: unknown): string => {
-  const chain = causeChain(error)
-  if (chain.length === 0) return String(error)
-  const messages: Array<string> = []
-  for (const e of chain) {
-    const text = typeof e.message === "string" && e.message.length > 0 ? e.message : String(e.name ?? "error")
-    if (!messages.includes(text)) messages.push(text)
-  }
-  const type = protocolType(error)
-  return type === undefined ? messages.join(": ") : `${messages.join(": ")} (${type})`
-}
-
-/** @internal */
-export const isRebalanceError = (error: unknown): boolean => {
-  const type = protocolType(error)
-  return type === "REBALANCE_IN_PROGRESS" || type === "ILLEGAL_GENERATION" || type === "NOT_COORDINATOR_FOR_GROUP"
-}
-
-/** The connection to a broker failed or closed, or no broker could be reached. */
-const disconnectedNames = new Set([
-  "KafkaJSConnectionError",
-  "KafkaJSConnectionClosedError",
-  "KafkaJSBrokerNotFound",
-  "KafkaJSNoBrokerAvailableError"
-])
-
-/**
- * No broker could say where the group's coordinator is (every one refused the connection, or answered that it is
- * not available): kafkajs marks it non-retriable, but it goes away with the cluster's coming back.
- */
-const COORDINATOR_NOT_FOUND = "KafkaJSGroupCoordinatorNotFound"
-
-/** Protocol errors (names as in kafkajs's src/protocol/error.js) that go away once the cluster is reachable again. */
-const transientTypes = new Set([
-  "REQUEST_TIMED_OUT",
-  "NETWORK_EXCEPTION",
-  "BROKER_NOT_AVAILABLE",
-  "LEADER_NOT_AVAILABLE",
-  "NOT_LEADER_FOR_PARTITION",
-  "REPLICA_NOT_AVAILABLE",
-  "FENCED_LEADER_EPOCH",
-  "UNKNOWN_LEADER_EPOCH",
-  "KAFKA_STORAGE_ERROR",
-  "NOT_ENOUGH_REPLICAS",
-  "GROUP_COORDINATOR_NOT_AVAILABLE",
-  "NOT_COORDINATOR_FOR_GROUP",
-  "GROUP_LOAD_IN_PROGRESS",
-  // The same conditions under the names newer Kafka versions give them.
-  "COORDINATOR_NOT_AVAILABLE",
-  "NOT_COORDINATOR",
-  "COORDINATOR_LOAD_IN_PROGRESS",
-  "NOT_LEADER_OR_FOLLOWER",
-  // A stable read of a committed position that a transaction is still committing: read again once it has ended.
-  "UNSTABLE_OFFSET_COMMIT"
-])
-
-/**
- * Whether an error goes away when the cluster is reachable again: a closed or refused connection, a request timeout,
- * a broker, leader or coordinator moving or loading, also after kafkajs gave up retrying them; and a committed position
- * that a transaction is still committing (UNSTABLE_OFFSET_COMMIT), once the transaction has ended. An unknown topic, a
- * refused login or authorization, a bad setting are not.
- *
- * @internal
- */
-export const isRetriable = (error: unknown): boolean =>
-  causeChain(error).some((e) =>
-    (typeof e.name === "string" &&
-      (disconnectedNames.has(e.name) || e.name === "KafkaJSRequestTimeoutError" || e.name === COORDINATOR_NOT_FOUND)) ||
-    (typeof e.type === "string" && transientTypes.has(e.type))
-  )
-
-/** @internal */
-export const driverError = (operation: string) => (cause: unknown): DriverError =>
-  new DriverError({ operation, reason: describe(cause), retriable: isRetriable(cause), cause })
-
 /**
  * Closing a client's connection is bounded and cannot fail what closes it: its work is done by then. A rejection is a
  * typed error, ignored, never a defect.
@@ -412,171 +293,3 @@ export const disconnect = (close: () => Promise<void>): Effect.Effect<void> =>
     Effect.timeoutOption("5 seconds"),
     Effect.ignore
   )
-
-type CommitFailureReason = CommitFailed["reason"]
-
-const commitReasonOfType = (type: string | undefined): CommitFailureReason | undefined => {
-  switch (type) {
-    case "REBALANCE_IN_PROGRESS":
-      return "RebalanceInProgress"
-    case "NOT_COORDINATOR_FOR_GROUP":
-    case "NOT_COORDINATOR":
-    case "GROUP_COORDINATOR_NOT_AVAILABLE":
-    case "COORDINATOR_NOT_AVAILABLE":
-    case "GROUP_LOAD_IN_PROGRESS":
-    case "COORDINATOR_LOAD_IN_PROGRESS":
-      return "CoordinatorNotAvailable"
-    case "REQUEST_TIMED_OUT":
-      return "Timeout"
-    case "NETWORK_EXCEPTION":
-      return "Disconnected"
-    case "ILLEGAL_GENERATION":
-      return "IllegalGeneration"
-    case "UNKNOWN_MEMBER_ID":
-    case "FENCED_INSTANCE_ID":
-      return "UnknownMember"
-    case "GROUP_AUTHORIZATION_FAILED":
-    case "TOPIC_AUTHORIZATION_FAILED":
-      return "Unauthorized"
-    case "OFFSET_METADATA_TOO_LARGE":
-    case "INVALID_COMMIT_OFFSET_SIZE":
-      return "Other"
-    default:
-      return undefined
-  }
-}
-
-/**
- * Classifies a refused commit of `partitions` by the protocol error inside it (kafkajs wraps it when it gave up
- * retrying), then by the kafkajs error around it: a timeout, a lost connection, and any other error kafkajs marks
- * retriable are retried; an unknown error that is not retriable ends the consumer.
- *
- * @internal
- */
-export const commitFailed = (
-  cause: unknown,
-  partitions: ReadonlyArray<TopicPartition>
-): CommitFailed => {
-  const detail = describe(cause)
-  const chain = causeChain(cause)
-  const names = chain.map((e) => e.name)
-  const root = chain[chain.length - 1]
-  const reason: CommitFailureReason = commitReasonOfType(protocolType(cause)) ??
-    (names.includes(COORDINATOR_NOT_FOUND)
-      ? "CoordinatorNotAvailable"
-      : names.includes("KafkaJSRequestTimeoutError")
-      ? "Timeout"
-      : names.some((name) => typeof name === "string" && disconnectedNames.has(name))
-      ? "Disconnected"
-      : root !== undefined && root.retriable === true
-      ? "Transient"
-      : "Other")
-  return new CommitFailed({
-    reason,
-    partitions: partitions.map(({ partition, topic }) => ({ topic, partition })),
-    detail
-  })
-}
-
-// ---------------------------------------------------------------------------------------------------------------------
-// records
-// ---------------------------------------------------------------------------------------------------------------------
-
-const encoder = new TextEncoder()
-
-/**
- * kafkajs's own `Buffer`, which is a `Uint8Array`, as it is: a view of it would cost a typed array per key and value,
- * the most expensive step of turning a kafkajs message into a record. Records are typed `Uint8Array`, and code written
- * against that works alike on both brokers.
- */
-const toBytes = (value: Buffer | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
-
-const noHeaders: Readonly<Record<string, Uint8Array>> = Object.freeze({})
-
-const toHeaders = (raw: KafkaMessage["headers"]): Readonly<Record<string, Uint8Array>> => {
-  if (raw === undefined) return noHeaders
-  let plain = true
-  for (const name in raw) {
-    const value = raw[name]
-    if (typeof value !== "object" || Array.isArray(value)) {
-      plain = false
-      break
-    }
-  }
-  // kafkajs's own object when every header is a single `Buffer`, as decoded: nothing to convert.
-  if (plain) return raw as Readonly<Record<string, Buffer>>
-  let headers: Record<string, Uint8Array> | undefined
-  for (const name in raw) {
-    const value = raw[name]
-    if (value === undefined) continue
-    // A header repeated in the record arrives as an array; the last value wins, as `lastHeader` does in Java.
-    const last = Array.isArray(value) ? value[value.length - 1] : value
-    if (last === undefined) continue
-    headers ??= {}
-    headers[name] = toBytes(last)
-  }
-  return headers ?? noHeaders
-}
-
-/**
- * An offset as kafkajs gives it (decimal text). Below 2^53 the text goes through a `number`, which costs a third of
- * parsing it as a `bigint`; a double at or below `MAX_SAFE_INTEGER` is the exact value.
- */
-const toBigInt = (text: string): bigint => {
-  const n = +text
-  return n <= Number.MAX_SAFE_INTEGER ? BigInt(n) : BigInt(text)
-}
-
-
-/**
- * A record over kafkajs's message: one object of two fields, which reads each field of the record from the message
- * when it is read (the offset and the timestamp are parsed then, on every read). A plain record costs three objects
- * (the record, its `bigint` offset, its timestamp's boxed `number`) and every field converted whether read or not.
- * The fields are getters of the class, not properties of the object: `{ ...record }` and `structuredClone(record)`
- * copy none of them, and a deep equality with a plain object fails; `ConsumerRecord.toPlain` gives the plain record.
- */
-class KafkaJsRecord implements ConsumerRecord {
-  readonly #tp: TopicPartition
-  readonly #message: KafkaMessage
-  constructor(tp: TopicPartition, message: KafkaMessage) {
-    this.#tp = tp
-    this.#message = message
-  }
-  get topic(): string {
-    return this.#tp.topic
-  }
-  get partition(): number {
-    return this.#tp.partition
-  }
-  get offset(): bigint {
-    return toBigInt(this.#message.offset)
-  }
-  get key(): Uint8Array | null {
-    const key = this.#message.key
-    return key === null || key === undefined ? null : toBytes(key)
-  }
-  get value(): Uint8Array | null {
-    const value = this.#message.value
-    return value === null ? null : toBytes(value)
-  }
-  get headers(): Readonly<Record<string, Uint8Array>> {
-    return toHeaders(this.#message.headers)
-  }
-  get timestamp(): number {
-    return +this.#message.timestamp
-  }
-  toJSON(): ConsumerRecord {
-    return toPlain(this)
-  }
-  [inspectSymbol](): ConsumerRecord {
-    return toPlain(this)
-  }
-}
-
-/** @internal */
-export const toConsumerRecord = (tp: TopicPartition, message: KafkaMessage): ConsumerRecord =>
-  new KafkaJsRecord(tp, message)
-
-/** @internal */
-export const toBuffer = (value: string | Uint8Array): Buffer | string =>
-  typeof value === "string" ? value : Buffer.from(value.buffer, value.byteOffset, value.byteLength)

@@ -1,34 +1,29 @@
+/**
+ * The producer service on kafkajs: batches laid out per leader (`makeWriter`), refusals classified per record. The
+ * transactional producers are in `transactional.ts`.
+ */
 import * as Clock from "effect/Clock"
 import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
-import type {
-  Admin,
-  Message,
-  Producer as KafkaProducer,
-  RecordMetadata as KafkaRecordMetadata,
-  TopicMessages,
-  Transaction
-} from "kafkajs"
+import type { Admin, RecordMetadata as KafkaRecordMetadata, TopicMessages } from "kafkajs"
 import { CompressionTypes } from "kafkajs"
-import { type DriverError, ProduceFailed, type ProduceFailureReason, type TransactionFailed } from "../../KafkaError.js"
-import type { Producer, ProducerRecord, TransactionalProducers } from "../../Producer.js"
-import {
-  causeChain,
-  type ClientConfig,
-  describe,
-  disconnect,
-  driverError,
-  isRetriable,
-  makeClient,
-  protocolType
-} from "./driver.js"
+import { type DriverError, ProduceFailed, type ProduceFailureReason } from "../../KafkaError.js"
+import type { Producer, ProducerRecord } from "../../Producer.js"
 import * as producer from "../producer/producer.js"
+import { type ClientConfig, disconnect, makeClient } from "./driver.js"
+import { causeChain, describe, driverError, isRetriable, protocolType } from "./errors.js"
+import { explicitPartition, highestPartitions, messagesOf } from "./messages.js"
 
 /** How long a topic's partition count is trusted before it is read again (the Java client's `metadata.max.age.ms`). */
 const METADATA_MAX_AGE = 5 * 60 * 1000
 
-const reasonOfType = (type: string | undefined): ProduceFailureReason | undefined => {
+/**
+ * The reason a write or a transaction failed, by the protocol error kafkajs carries; `undefined` for the others.
+ *
+ * @internal
+ */
+export const reasonOfType = (type: string | undefined): ProduceFailureReason | undefined => {
   switch (type) {
     case "UNKNOWN_TOPIC_OR_PARTITION":
       return "UnknownTopic"
@@ -78,101 +73,20 @@ export const produceFailed = (cause: unknown, topic: string, partition: number |
   })
 }
 
-/** Bytes as kafkajs writes them: a string as it is (kafkajs encodes it into the request), bytes as a `Buffer`. */
-const toKafka = (bytes: Uint8Array | string): Buffer | string =>
-  typeof bytes === "string" || Buffer.isBuffer(bytes)
-    ? bytes
-    : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
-
-const isKafkaBytes = (bytes: Uint8Array | string | null | undefined): boolean =>
-  bytes === undefined || bytes === null || typeof bytes === "string" || Buffer.isBuffer(bytes)
-
-/** A record kafkajs can take as its message as it is: strings or `Buffer`s, no timestamp (kafkajs ignores `topic`). */
-const isMessage = (record: ProducerRecord): record is ProducerRecord & Message =>
-  record.timestamp === undefined && isKafkaBytes(record.value) && isKafkaBytes(record.key) &&
-  (record.headers === undefined || Object.values(record.headers).every(isKafkaBytes))
-
-/** The message kafkajs sends for a record: the record itself when it names its partition and kafkajs can take it. */
-const toMessage = (record: ProducerRecord, partition: number): Message => {
-  if (record.partition === partition && isMessage(record)) return record
-  const message: Message = {
-    partition,
-    key: record.key === undefined || record.key === null ? null : toKafka(record.key),
-    value: record.value === null ? null : toKafka(record.value)
-  }
-  if (record.headers !== undefined) {
-    const headers: Record<string, Buffer | string> = {}
-    for (const name in record.headers) {
-      const value = record.headers[name]
-      if (value !== undefined) headers[name] = toKafka(value)
-    }
-    message.headers = headers
-  }
-  if (record.timestamp !== undefined) message.timestamp = String(record.timestamp)
-  return message
-}
-
-/** kafkajs's partitioner is never asked: every message names its partition. */
-const explicitPartition = () => ({ message }: { readonly message: Message }) => message.partition ?? 0
-
-/** kafkajs's `sendBatch`, of a producer or of an open transaction. */
-type SendBatch = (request: {
+/** kafkajs's `sendBatch`, of a producer or of an open transaction. @internal */
+export type SendBatch = (request: {
   readonly topicMessages: Array<TopicMessages>
   readonly acks: -1 | 0 | 1
   readonly timeout: number
   readonly compression: CompressionTypes
 }) => Promise<Array<KafkaRecordMetadata>>
 
-const connected = <A extends { connect: () => Promise<void>; disconnect: () => Promise<void> }>(client: A) =>
+/** A kafkajs client, connected, and disconnected when the scope closes. @internal */
+export const connected = <A extends { connect: () => Promise<void>; disconnect: () => Promise<void> }>(client: A) =>
   Effect.acquireRelease(
     Effect.as(Effect.tryPromise({ try: () => client.connect(), catch: driverError("connect") }), client),
     () => disconnect(() => client.disconnect())
   )
-
-/** Each topic of a batch, with the highest partition a record of it names (-1 for none). */
-const highestPartitions = (batch: ReadonlyArray<ProducerRecord>): Map<string, number> => {
-  const highest = new Map<string, number>()
-  let last: string | undefined
-  let lastHighest = -1
-  for (let i = 0; i < batch.length; i++) {
-    const record = batch[i]!
-    if (record.topic !== last) {
-      if (last !== undefined) highest.set(last, lastHighest)
-      last = record.topic
-      lastHighest = highest.get(last) ?? -1
-    }
-    if (record.partition !== undefined && record.partition > lastHighest) lastHighest = record.partition
-  }
-  if (last !== undefined) highest.set(last, lastHighest)
-  return highest
-}
-
-/**
- * Per topic its messages in the order sent (so, per partition, its records in that order). A batch of one topic whose
- * records kafkajs can all take as they are is its own messages (kafkajs only reads them).
- */
-const messagesOf = (batch: ReadonlyArray<ProducerRecord>, { partitionOf, topics }: producer.Layout) => {
-  const topicMessages: Array<TopicMessages> = new Array(topics.length)
-  for (let t = 0; t < topics.length; t++) {
-    const { indexes, topic } = topics[t]!
-    // Places that are all of the batch are 0 to n - 1, so a record's message goes at its own place.
-    const all = indexes.length === batch.length
-    let messages: Array<Message> | undefined
-    for (let j = 0; j < indexes.length; j++) {
-      const i = indexes[j]!
-      const record = batch[i]!
-      const message = toMessage(record, partitionOf[i]!)
-      if (messages === undefined) {
-        if (all && (message as unknown) === record) continue
-        messages = new Array(indexes.length)
-        for (let k = 0; k < j; k++) messages[k] = batch[indexes[k]!] as unknown as Message
-      }
-      messages[j] = message
-    }
-    topicMessages[t] = { topic, messages: messages ?? (batch as unknown as Array<Message>) }
-  }
-  return topicMessages
-}
 
 /** Refusals that hold for every partition of a request: the producer's id or epoch, or the client's rights. */
 const wholeRequest = new Set([
@@ -495,116 +409,4 @@ export const make = (
       : undefined
     const clock = yield* Effect.clock
     return yield* producer.make(resolved, { write: makeWriter(admin, resolved, clock, () => send, startOver) })
-  })
-
-const transactionFailed = (transactionalId: string, operation: TransactionFailed["operation"]) => (cause: unknown) => {
-  const type = protocolType(cause)
-  const names = causeChain(cause).map((e) => e.name)
-  const reason: TransactionFailed["reason"] = reasonOfType(type) === "Fenced"
-    ? "Fenced"
-    : names.includes("KafkaJSRequestTimeoutError") || type === "REQUEST_TIMED_OUT"
-    ? "Timeout"
-    : isRetriable(cause)
-    ? "Disconnected"
-    : "Other"
-  return producer.transactionFailed(transactionalId, operation, reason, describe(cause))
-}
-
-/**
- * Transactional producers on kafkajs, sharing one kafkajs client and admin connection. Each is one kafkajs producer
- * with its transactional id; its `init` opens and aborts an empty transaction, which makes kafkajs send
- * InitProducerId (bumping the id's epoch, fencing earlier producers and aborting their open transaction) and nothing
- * else.
- *
- * @internal
- */
-export const makeTransactionClients = (
-  client: ClientConfig,
-  resolved: producer.Resolved,
-  transactionTimeout: number,
-  retries: number | undefined
-): Effect.Effect<Context.Tag.Service<typeof TransactionalProducers>, DriverError, Scope.Scope> =>
-  Effect.gen(function*() {
-    const kafka = makeClient(client)
-    const admin = yield* connected(kafka.admin())
-    const make = (transactionalId: string) =>
-      Effect.gen(function*() {
-        const create = () =>
-          kafka.producer({
-            transactionalId,
-            transactionTimeout,
-            idempotent: true,
-            maxInFlightRequests: 1,
-            allowAutoTopicCreation: false,
-            createPartitioner: explicitPartition,
-            ...(retries === undefined ? {} : { retry: { ...client.kafka.retry, retries } })
-          })
-        // `init` starts a kafkajs producer of its own each time: kafkajs sends InitProducerId once per producer, and
-        // a producer whose send failed would give the failed batch's sequence numbers to the next one.
-        let kafkaProducer: KafkaProducer | undefined
-        yield* Effect.addFinalizer(() =>
-          kafkaProducer === undefined ? Effect.void : disconnect(() => kafkaProducer!.disconnect())
-        )
-        let current: Transaction | undefined
-        const send: SendBatch = (request) =>
-          current === undefined ? Promise.reject(new Error("no open transaction")) : current.sendBatch(request)
-        const write = makeWriter(admin, resolved, yield* Effect.clock, () => send)
-        const begin = (operation: "init" | "begin") =>
-          Effect.tryPromise({
-            try: () => kafkaProducer!.transaction(),
-            catch: transactionFailed(transactionalId, operation)
-          })
-        const start = Effect.suspend(() => {
-          const previous = kafkaProducer
-          const next = create()
-          kafkaProducer = next
-          current = undefined
-          return (previous === undefined ? Effect.void : disconnect(() => previous.disconnect())).pipe(
-            Effect.zipRight(
-              Effect.tryPromise({ try: () => next.connect(), catch: transactionFailed(transactionalId, "init") })
-            )
-          )
-        })
-        const txnClient: producer.TxnClient = {
-          transactionalId,
-          init: start.pipe(
-            Effect.zipRight(begin("init")),
-            Effect.flatMap((txn) =>
-              Effect.tryPromise({ try: () => txn.abort(), catch: transactionFailed(transactionalId, "init") })
-            )
-          ),
-          begin: Effect.map(begin("begin"), (txn): producer.TxnSession => {
-            current = txn
-            const end = (operation: "commit" | "abort") =>
-              Effect.tryPromise({
-                try: () => operation === "commit" ? txn.commit() : txn.abort(),
-                catch: transactionFailed(transactionalId, operation)
-              }).pipe(Effect.ensuring(Effect.sync(() => {
-                if (current === txn) current = undefined
-              })))
-            return {
-              write,
-              sendOffsets: (groupId, positions) =>
-                Effect.tryPromise({
-                  try: () =>
-                    txn.sendOffsets({
-                      consumerGroupId: groupId,
-                      topics: Array.from(
-                        producer.groupBy(positions, (p) => p.topic),
-                        ([topic, list]) => ({
-                          topic,
-                          partitions: list.map((p) => ({ partition: p.partition, offset: String(p.next) }))
-                        })
-                      )
-                    }),
-                  catch: transactionFailed(transactionalId, "sendOffsets")
-                }),
-              commit: end("commit"),
-              abort: end("abort")
-            }
-          })
-        }
-        return yield* producer.makeTransactional(resolved, txnClient)
-      })
-    return { make }
   })

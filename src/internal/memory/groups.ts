@@ -55,13 +55,14 @@ const sortPartitions = (tps: Array<TopicPartition.TopicPartition>) => tps.sort(T
 
 /**
  * The group coordinator: membership, eager rebalances (every member releases, then the group assigns anew), session
- * and rebalance deadlines, committed offsets.
+ * and rebalance deadlines, committed offsets. `notify` tells waiting polls that a release changed the groups.
  *
  * @internal
  */
 export const makeCoordinator = (
   assignor: Assignor,
-  partitionsOf: (topics: ReadonlyArray<string>) => Array<TopicPartition.TopicPartition>
+  partitionsOf: (topics: ReadonlyArray<string>) => Array<TopicPartition.TopicPartition>,
+  notify: Effect.Effect<void>
 ) => {
   const groups = new Map<string, Group>()
   const members = new Map<string, Member>()
@@ -138,11 +139,11 @@ export const makeCoordinator = (
     return true
   }
 
-  const startRebalance = (
-    group: Group,
-    now: number,
-    releaseEffect: (member: Member, generation: number) => Effect.Effect<void>
-  ) => {
+  // A release that lands may complete the rebalance: the polls waiting for the new assignment are woken.
+  const releaseEffect = (member: Member, generation: number): Effect.Effect<void> =>
+    release(member, generation) ? notify : Effect.void
+
+  const startRebalance = (group: Group, now: number) => {
     group.rebalancing = true
     for (const m of group.members) {
       if (m.static) continue
@@ -162,6 +163,88 @@ export const makeCoordinator = (
   }
 
   return { groups, members, groupOf, assign, release, startRebalance, nextMemberId: () => ++memberSeq }
+}
+
+/** @internal */
+export type Coordinator = ReturnType<typeof makeCoordinator>
+
+/**
+ * A new member for a session, not yet in its group: it has a position in no partition, and its last heartbeat is now.
+ *
+ * @internal
+ */
+export const newMember = (coordinator: Coordinator, options: SessionOptions, now: number): Member => ({
+  id: `${options.clientId}-${coordinator.nextMemberId()}`,
+  groupId: options.groupId,
+  options,
+  sessionMillis: Duration.toMillis(options.sessionTimeout),
+  static: options.subscription._tag === "Partitions",
+  generation: 0,
+  assigned: [],
+  positions: new Map(),
+  outOfRange: new Set(),
+  paused: new Set(),
+  pendingEvents: [],
+  awaitingRelease: false,
+  rebalanceDeadline: 0,
+  lastHeartbeat: now,
+  inGroup: false,
+  dead: false,
+  frozen: false,
+  fetched: 0
+})
+
+/**
+ * Removes a member from its group without a revoke: its partitions move at once.
+ *
+ * @internal
+ */
+export const evict = (coordinator: Coordinator, member: Member, now: number): void => {
+  if (!member.inGroup) return
+  member.inGroup = false
+  member.awaitingRelease = false
+  const group = coordinator.groupOf(member.groupId)
+  group.members = group.members.filter((m) => m !== member)
+  if (!member.static) coordinator.startRebalance(group, now)
+}
+
+/**
+ * Evicts the members whose session expired, or who have not released their partitions by their rebalance deadline.
+ * Whether any was evicted.
+ *
+ * @internal
+ */
+export const expire = (coordinator: Coordinator, group: Group, now: number): boolean => {
+  let any = false
+  for (const m of [...group.members]) {
+    const sessionExpired = now - m.lastHeartbeat > m.sessionMillis
+    const releaseExpired = m.awaitingRelease && now > m.rebalanceDeadline
+    if (sessionExpired || releaseExpired) {
+      evict(coordinator, m, now)
+      any = true
+    }
+  }
+  return any
+}
+
+/**
+ * A member joins its group: a static member is assigned what it asked for at once, any other starts a rebalance.
+ *
+ * @internal
+ */
+export const join = (coordinator: Coordinator, member: Member, now: number): void => {
+  const group = coordinator.groupOf(member.groupId)
+  member.inGroup = true
+  member.lastHeartbeat = now
+  group.members.push(member)
+  if (member.static) {
+    const s = member.options.subscription
+    member.assigned = s._tag === "Partitions" ? [...s.partitions].sort(TopicPartition.compare) : []
+    member.generation = -1
+    member.pendingEvents.push({ _tag: "Assigned", partitions: member.assigned })
+  } else {
+    coordinator.startRebalance(group, now)
+  }
 }
 
 /**
@@ -196,4 +279,19 @@ export const refuseCommit = (
     return new CommitFailed({ reason: "NotOwned", partitions: foreign, detail: `not assigned to ${member.id}` })
   }
   return undefined
+}
+
+/**
+ * Lands a commit that was not refused: the positions, and the metadata committed with them (an empty one removes
+ * what an earlier commit left).
+ *
+ * @internal
+ */
+export const commitPositions = (group: Group, offsets: OffsetBatch.OffsetBatch): void => {
+  for (const [k, position] of offsets.positions) {
+    group.committed.set(k, position)
+    const metadata = offsets.metadata?.get(k)
+    if (metadata === undefined || metadata === "") group.metadata.delete(k)
+    else group.metadata.set(k, metadata)
+  }
 }

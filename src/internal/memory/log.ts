@@ -1,6 +1,11 @@
 import * as Chunk from "effect/Chunk"
+import * as Effect from "effect/Effect"
 import type { ConsumerRecord } from "../../ConsumerRecord.js"
 import type { PartitionOffsets } from "../../Driver.js"
+import { DriverError } from "../../KafkaError.js"
+import type * as TopicPartition from "../../TopicPartition.js"
+import { partitionOfKey } from "../shared/murmur2.js"
+import { bytes, headerBytes, MemoryRecord, type ProducerRecord } from "./record.js"
 
 /**
  * One partition's log as a read-committed consumer sees it. Offsets are not contiguous: a transaction's commit or
@@ -255,4 +260,131 @@ export const deleteBefore = (log: PartitionLog, before: bigint): void => {
   log.start = before
   log.records = log.records.filter((record) => record.offset >= before)
   if (log.uncommitted !== undefined) log.uncommitted = log.uncommitted.filter((record) => record.offset >= before)
+}
+
+/**
+ * The broker's topics, and the round robin that spreads records without a key or a partition over any topic's
+ * partitions.
+ *
+ * @internal
+ */
+export interface Logs {
+  readonly topics: Map<string, Topic>
+  roundRobin: number
+}
+
+/** @internal */
+export const makeLogs = (): Logs => ({ topics: new Map(), roundRobin: 0 })
+
+/** @internal */
+export const partitionsOf = (logs: Logs, topicNames: ReadonlyArray<string>): Array<TopicPartition.TopicPartition> => {
+  const out: Array<TopicPartition.TopicPartition> = []
+  for (const topic of topicNames) {
+    const found = logs.topics.get(topic)
+    if (found !== undefined) found.partitions.forEach((_, partition) => out.push({ topic, partition }))
+  }
+  return out
+}
+
+/** @internal */
+export const logOf = (logs: Logs, tp: TopicPartition.TopicPartition): PartitionLog | undefined =>
+  logs.topics.get(tp.topic)?.partitions[tp.partition]
+
+/** @internal */
+export const topicOf = (logs: Logs, operation: string, topic: string): Effect.Effect<Topic, DriverError> =>
+  Effect.suspend(() => {
+    const found = logs.topics.get(topic)
+    return found === undefined
+      ? Effect.fail(new DriverError({ operation, reason: `unknown topic "${topic}"` }))
+      : Effect.succeed(found)
+  })
+
+/**
+ * What `plan` makes of a write: its records' builders by partition, and each record's partition in the order given.
+ *
+ * @internal
+ */
+export interface Plan {
+  readonly byPartition: Map<number, Array<(offset: bigint) => ConsumerRecord>>
+  readonly order: Array<number>
+}
+
+/**
+ * The records of one write, by partition, as builders that take the offset the log gives them.
+ *
+ * @internal
+ */
+export const plan = (
+  logs: Logs,
+  operation: string,
+  topic: Topic,
+  records: ReadonlyArray<ProducerRecord>,
+  now: number
+): Effect.Effect<Plan, DriverError> =>
+  Effect.suspend(() => {
+    const byPartition = new Map<number, Array<(offset: bigint) => ConsumerRecord>>()
+    const order: Array<number> = []
+    const count = topic.partitions.length
+    for (const r of records) {
+      const key = r.key === undefined || r.key === null ? null : bytes(r.key)
+      const partition = r.partition ?? (key !== null ? partitionOfKey(key, count) : logs.roundRobin++ % count)
+      if (!Number.isInteger(partition) || partition < 0 || partition >= count) {
+        return Effect.fail(
+          new DriverError({ operation, reason: `topic "${topic.name}" has no partition ${partition}` })
+        )
+      }
+      const headers = r.headers === undefined ? {} : headerBytes(r.headers)
+      const value = r.value === null ? null : bytes(r.value)
+      let list = byPartition.get(partition)
+      if (list === undefined) {
+        list = []
+        byPartition.set(partition, list)
+      }
+      const timestamp = r.timestamp ?? now
+      list.push((offset) => new MemoryRecord(topic.name, partition, offset, key, value, headers, timestamp))
+      order.push(partition)
+    }
+    return Effect.succeed({ byPartition, order })
+  })
+
+/**
+ * The offsets of a plan's records in the order they were given, from the offsets each partition gave its records.
+ *
+ * @internal
+ */
+export const inOrder = (
+  planned: Plan,
+  offsets: ReadonlyMap<number, ReadonlyArray<bigint>>
+): Array<readonly [partition: number, offset: bigint]> => {
+  const taken = new Map<number, number>()
+  return planned.order.map((partition) => {
+    const at = taken.get(partition) ?? 0
+    taken.set(partition, at + 1)
+    return [partition, offsets.get(partition)![at]!] as const
+  })
+}
+
+/**
+ * Writes a plan; the offsets come back in the order of the records given.
+ *
+ * @internal
+ */
+export const write = (
+  topic: Topic,
+  planned: Plan,
+  transaction: "commit" | "abort" | undefined
+): Array<readonly [partition: number, offset: bigint]> => {
+  const offsets = new Map<number, Array<bigint>>()
+  for (const [partition, builders] of planned.byPartition) {
+    const log = topic.partitions[partition]!
+    if (transaction === undefined) {
+      offsets.set(partition, append(log, builders))
+    } else {
+      const txn: Txn = { state: "open" }
+      offsets.set(partition, appendTransactional(log, builders, txn))
+      txn.state = transaction === "commit" ? "committed" : "aborted"
+      appendMarker(log)
+    }
+  }
+  return inOrder(planned, offsets)
 }

@@ -1,5 +1,44 @@
 import { type ConsumerRecord, toPlain } from "../../ConsumerRecord.js"
+import type { ProducerRecord as TopicRecord } from "../../Producer.js"
 import { inspectSymbol } from "../shared/inspect.js"
+import { utf8EncodeInto, utf8Length } from "../shared/utf8.js"
+
+/**
+ * A record to produce to a topic given apart: the `Producer`'s record without its topic.
+ *
+ * @internal
+ */
+export type ProducerRecord = Omit<TopicRecord, "topic">
+
+const encoder = new TextEncoder()
+
+/** @internal */
+export const bytes = (value: Uint8Array | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
+
+/**
+ * A record's headers as bytes: string values are encoded into one array, each header a view of its part of it (a
+ * dead letter's eight headers are one allocation, not eight).
+ *
+ * @internal
+ */
+export const headerBytes = (given: Readonly<Record<string, Uint8Array | string>>): Record<string, Uint8Array> => {
+  const entries = Object.entries(given)
+  let size = 0
+  for (const [, value] of entries) if (typeof value === "string") size += utf8Length(value)
+  const all = new Uint8Array(size)
+  const headers: Record<string, Uint8Array> = {}
+  let at = 0
+  for (const [name, value] of entries) {
+    if (typeof value !== "string") {
+      headers[name] = value
+      continue
+    }
+    const end = utf8EncodeInto(value, all, at)
+    headers[name] = all.subarray(at, end)
+    at = end
+  }
+  return headers
+}
 
 /**
  * A record of the in-memory broker. Its fields are read through getters, as a kafkajs record's are, so that code

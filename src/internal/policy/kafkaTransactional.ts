@@ -1,0 +1,178 @@
+/**
+ * `kafkaTransactional`: exactly-once inside Kafka. Each owned input partition has a transactional producer of its
+ * own, whose id names the partition: starting it fences every earlier owner and ends its open transaction. A chunk's
+ * output records and its position commit in one Kafka transaction; a transaction whose outcome is unknown is settled
+ * by reading the committed position once the producer has started anew.
+ *
+ * @internal
+ */
+import * as Clock from "effect/Clock"
+import * as Context from "effect/Context"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Layer from "effect/Layer"
+import * as Scope from "effect/Scope"
+import type { CommitPolicy, PolicyContext, PolicyError, PolicyInstance } from "../../CommitPolicy.js"
+import { ProduceFailed, TransactionFailed } from "../../KafkaError.js"
+import { Producer, type TransactionalProducer, TransactionalProducers } from "../../Producer.js"
+import * as TopicPartition from "../../TopicPartition.js"
+import { kafkaStartPositions, whileUnreachable } from "./support.js"
+
+type Retry = <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
+
+const outsideUnit =
+  "under CommitPolicy.kafkaTransactional the Producer writes into the transaction of the chunk being handled; " +
+  "outside a handler there is none (provide a Producer layer of its own to write elsewhere)"
+
+/** The `Producer` outside a chunk's handler: it has no transaction to write into. */
+const producerOutsideUnit: Context.Tag.Service<typeof Producer> = {
+  send: (record) => Effect.fail(new ProduceFailed({ reason: "Other", topic: record.topic, detail: outsideUnit })),
+  sendAll: (records) =>
+    Effect.suspend(() => {
+      const first = Array.from(records)[0]
+      return first === undefined
+        ? Effect.succeed([])
+        : Effect.fail(new ProduceFailed({ reason: "Other", topic: first.topic, detail: outsideUnit }))
+    }),
+  flush: Effect.void
+}
+
+/** A transaction whose outcome is unknown (a timeout, a lost connection, a client in a broken state). */
+const unsettled = (error: unknown): error is TransactionFailed =>
+  error instanceof TransactionFailed &&
+  (error.reason === "Timeout" || error.reason === "Disconnected" || error.reason === "Other")
+
+interface Owned {
+  readonly producer: Context.Tag.Service<typeof TransactionalProducer>
+  readonly scope: Scope.CloseableScope
+}
+
+/** The producers of one consumer session's owned partitions. */
+interface Producers {
+  readonly context: PolicyContext
+  readonly factory: Context.Tag.Service<TransactionalProducers>
+  readonly prefix: string
+  readonly owned: Map<string, Owned>
+}
+
+const close = (producers: Producers, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
+  Effect.forEach(partitions, (tp) => {
+    const k = TopicPartition.key(tp)
+    const o = producers.owned.get(k)
+    if (o === undefined) return Effect.void
+    producers.owned.delete(k)
+    return Scope.close(o.scope, Exit.void)
+  }, { concurrency: "unbounded", discard: true })
+
+// Starting the partition's producer fences every earlier owner and ends its open transaction.
+const open = (producers: Producers, tp: TopicPartition.TopicPartition) =>
+  Effect.gen(function*() {
+    yield* close(producers, [tp])
+    const scope = yield* Scope.make()
+    const id = `${producers.prefix}${producers.context.groupId}-${tp.topic}-${tp.partition}`
+    const producer = yield* producers.factory.make(id).pipe(
+      Scope.extend(scope),
+      Effect.onError(() => Scope.close(scope, Exit.void))
+    )
+    producers.owned.set(TopicPartition.key(tp), { producer, scope })
+  })
+
+/** A chunk in a transaction of its partition's producer, with its position. */
+const processChunk = <E, R>(
+  producers: Producers,
+  partition: TopicPartition.TopicPartition,
+  next: bigint,
+  work: Effect.Effect<void, E, R>,
+  retry: Retry
+): Effect.Effect<void, E | PolicyError, R> =>
+  Effect.gen(function*() {
+    const { context, owned } = producers
+    const k = TopicPartition.key(partition)
+    // Work of a partition this member no longer owns (left running after a revoke) commits nothing.
+    if (!owned.has(k)) return
+    yield* context.crashAt("beforeHandler", [partition])
+    const offsets = {
+      groupId: context.groupId,
+      positions: [{ topic: partition.topic, partition: partition.partition, next }]
+    }
+    const body = work.pipe(
+      Effect.zipLeft(context.crashAt("afterHandler", [partition])),
+      Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
+    )
+    const attempt = Effect.suspend(() => {
+      const o = owned.get(k)
+      return o === undefined
+        ? Effect.void
+        : context.observe("transaction", partition, next, o.producer.transaction(body, { offsets }))
+    })
+    const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(context.reconnectTimeout)
+    // An unsettled transaction is settled by starting the partition's producer anew: then the committed
+    // position (read stable: a transaction still completing makes the read wait) says whether it
+    // committed. A cluster still away is waited for, up to the chunk's deadline.
+    const settle = Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      whileUnreachable(
+        Effect.zipRight(
+          context.guard(open(producers, partition)),
+          Effect.map(context.guard(context.session.committed([partition])), (committed) => {
+            const position = committed.get(k)
+            return position !== undefined && position >= next
+          })
+        ),
+        Duration.millis(Math.max(0, deadline - now))
+      ))
+    const run = (delay: number): Effect.Effect<void, E | PolicyError, R> =>
+      Effect.catchIf(retry(context.guard(attempt)), unsettled, (error) =>
+        Effect.flatMap(settle, (committed) =>
+          committed ? Effect.void : Effect.flatMap(Clock.currentTimeMillis, (now) =>
+            now >= deadline
+              ? Effect.fail(error)
+              : Effect.zipRight(
+                Effect.logWarning(`${k}: ${error.message}; handling the chunk again in a new transaction`),
+                Effect.zipRight(Effect.sleep(Duration.millis(delay)), run(Math.min(delay * 2, 5_000)))
+              ))))
+    yield* run(100)
+    yield* context.crashAt("afterCommit", [partition])
+  })
+
+/** The policy's instance for one consumer session. */
+const instance = (producers: Producers): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const { context, owned } = producers
+    const closing = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) => close(producers, partitions)
+    yield* Effect.addFinalizer(() => closing(Array.from(owned.keys(), TopicPartition.fromKey)))
+    const policy: PolicyInstance = {
+      name: "kafkaTransactional",
+      failedRecords: "rerun",
+      unitHoldsWrites: true,
+      assign: (partitions) =>
+        Effect.zipRight(
+          Effect.forEach(
+            partitions,
+            (tp) => whileUnreachable(context.guard(open(producers, tp)), context.reconnectTimeout),
+            { concurrency: "unbounded", discard: true }
+          ),
+          // Read once every earlier owner is fenced: the committed positions are final.
+          kafkaStartPositions(context, partitions)
+        ),
+      delivered: () => Effect.void,
+      polled: Effect.void,
+      process: (partition, _records, next, work, retry) => processChunk(producers, partition, next, work, retry),
+      revoke: closing,
+      lost: closing
+    }
+    return policy
+  })
+
+/** Exactly-once inside Kafka: the handler's records and the position in one Kafka transaction per chunk. */
+export const kafkaTransactionalLayer = (
+  tag: typeof CommitPolicy,
+  prefix: string
+): Layer.Layer<CommitPolicy | Producer, never, TransactionalProducers> =>
+  Layer.effectContext(
+    Effect.map(TransactionalProducers, (factory) =>
+      Context.make(tag, {
+        name: "kafkaTransactional",
+        make: (context: PolicyContext) => instance({ context, factory, prefix, owned: new Map() })
+      }).pipe(Context.add(Producer, producerOutsideUnit)))
+  )

@@ -1,0 +1,209 @@
+/**
+ * The Postgres store's client: its options checked, the connection made, the table created or upgraded, and failures
+ * that pass retried.
+ */
+import * as Clock from "effect/Clock"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Redacted from "effect/Redacted"
+import * as Schedule from "effect/Schedule"
+import type * as Scope from "effect/Scope"
+import postgres from "postgres"
+import { InvalidConfig } from "../../../KafkaError.js"
+import { OffsetStoreError } from "../../../OffsetStore.js"
+import { describe, isTransient, isTransientError, STORE, toStoreError, Transient } from "./errors.js"
+import { decodeColumns, quote } from "./sql.js"
+
+const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/
+
+/**
+ * The isolation level of a unit's transaction, as `PgOffsetStore.IsolationLevel` declares it.
+ *
+ * @internal
+ */
+export type IsolationLevel = "read committed" | "repeatable read" | "serializable"
+
+/** @internal */
+export const ISOLATION_LEVELS: ReadonlyArray<IsolationLevel> = ["read committed", "repeatable read", "serializable"]
+
+/**
+ * The store's options, as `PgOffsetStore.Options` declares and explains them. They are spelled out again here, not
+ * imported, so that the public module depends on this one and not the other way round; a field of another type there
+ * fails to type-check where `PgOffsetStore` hands its options over.
+ *
+ * @internal
+ */
+export interface Options {
+  readonly url?: string | Redacted.Redacted<string> | undefined
+  readonly sql?: postgres.Sql | undefined
+  readonly table?: string | undefined
+  readonly schema?: string | undefined
+  readonly migrate?: boolean | undefined
+  readonly isolationLevel?: IsolationLevel | undefined
+  readonly retry?: Schedule.Schedule<unknown, OffsetStoreError> | undefined
+  readonly retryFor?: Duration.DurationInput | undefined
+}
+
+/** @internal */
+export const defaultRetry: Schedule.Schedule<unknown, OffsetStoreError> = Schedule.exponential("100 millis").pipe(
+  Schedule.union(Schedule.spaced("5 seconds")),
+  Schedule.jittered
+)
+
+/** A client of the store, the table it keeps positions in, and where the server is (for messages). @internal */
+export interface Client {
+  readonly sql: postgres.Sql
+  readonly table: string
+  readonly target: string
+}
+
+const notAnIdentifier = (field: string, value: string) =>
+  new InvalidConfig({
+    field,
+    reason: `${JSON.stringify(value)} is not a plain SQL identifier (letters, digits and _, not starting with a ` +
+      "digit, at most 63 characters)"
+  })
+
+const validateIdentifiers = (options: Options) =>
+  Effect.gen(function*() {
+    const table = options.table ?? "kafka_offsets"
+    if (!IDENTIFIER.test(table)) return yield* notAnIdentifier("table", table)
+    if (options.schema !== undefined && !IDENTIFIER.test(options.schema)) {
+      return yield* notAnIdentifier("schema", options.schema)
+    }
+    return options.schema === undefined ? quote(table) : `${quote(options.schema)}.${quote(table)}`
+  })
+
+const targetOf = (sql: postgres.Sql): string => {
+  const { database, host, port } = sql.options
+  return `${host.map((h, i) => `${h}:${port[i] ?? port[0] ?? 5432}`).join(",")}/${database}`
+}
+
+/** @internal */
+export const connect = (options: Options): Effect.Effect<Client, InvalidConfig | OffsetStoreError, Scope.Scope> =>
+  Effect.gen(function*() {
+    const table = yield* validateIdentifiers(options)
+    if (options.sql !== undefined) {
+      return { sql: options.sql, table, target: targetOf(options.sql) }
+    }
+    if (options.url === undefined) {
+      return yield* new InvalidConfig({
+        field: "url",
+        reason: "give a connection URL (or a postgres client as sql); PgOffsetStore.layerConfig reads DATABASE_URL"
+      })
+    }
+    const url = Redacted.isRedacted(options.url) ? Redacted.value(options.url) : options.url
+    if (url.trim() === "") {
+      return yield* new InvalidConfig({ field: "url", reason: "the connection URL is empty" })
+    }
+    const sql = yield* Effect.acquireRelease(
+      Effect.try({
+        try: () => postgres(url, { onnotice: () => {}, connect_timeout: 10 }),
+        catch: (cause) => new InvalidConfig({ field: "url", reason: `not a Postgres connection URL: ${describe(cause)}` })
+      }),
+      (sql) =>
+        Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.ignore, Effect.timeoutOption("10 seconds"))
+    )
+    return { sql, table, target: targetOf(sql) }
+  })
+
+/**
+ * Creates the table, or brings one of an earlier version up to date: `epoch` was added, `next_offset` became
+ * nullable (a partition claimed before anything was stored), and `finished` was added (the ranges above the position
+ * that units of records finished out of order committed; null when none). Columns are altered only when they need it, so that a
+ * layer starting against an up-to-date table takes no exclusive lock on it.
+ *
+ * @internal
+ */
+export const ensureTable = (client: Client, schema: string | undefined): Effect.Effect<void, OffsetStoreError> =>
+  Effect.tryPromise({
+    try: () =>
+      client.sql.begin(async (tx) => {
+        // Serializes concurrent migrations: `create ... if not exists` alone can race on the catalog.
+        await tx.unsafe("select pg_advisory_xact_lock(hashtext($1))", [client.table])
+        if (schema !== undefined) await tx.unsafe(`create schema if not exists ${quote(schema)}`)
+        await tx.unsafe(
+          `create table if not exists ${client.table} (
+            group_id text not null,
+            topic text not null,
+            partition integer not null,
+            next_offset bigint,
+            epoch bigint not null default 0,
+            finished text,
+            updated_at timestamptz not null default now(),
+            primary key (group_id, topic, partition)
+          )`
+        )
+        const columns = decodeColumns(
+          await tx.unsafe(
+            `select attname::text, attnotnull from pg_attribute
+             where attrelid = $1::regclass and attnum > 0 and not attisdropped`,
+            [client.table]
+          ).values()
+        )
+        if (!columns.some(([name]) => name === "epoch")) {
+          await tx.unsafe(`alter table ${client.table} add column epoch bigint not null default 0`)
+        }
+        if (!columns.some(([name]) => name === "finished")) {
+          await tx.unsafe(`alter table ${client.table} add column finished text`)
+        }
+        if (columns.some(([name, notNull]) => name === "next_offset" && notNull)) {
+          await tx.unsafe(`alter table ${client.table} alter column next_offset drop not null`)
+        }
+      }),
+    catch: toStoreError("migrate", client.target)
+  }).pipe(Effect.asVoid)
+
+/**
+ * An open Postgres store, as its operations get it: the client (with its table), the isolation level of a unit's
+ * transaction, and the schedule that failures that pass are retried on.
+ *
+ * @internal
+ */
+export interface Pg {
+  readonly client: Client
+  readonly isolationLevel: IsolationLevel
+  readonly schedule: Schedule.Schedule<unknown, OffsetStoreError>
+}
+
+/**
+ * A failure that passes is retried on the schedule, which is built only once something failed; when the schedule
+ * ends, the operation fails with the last failure and how long it was retried.
+ *
+ * @internal
+ */
+export const retrying = <A, E, R>(
+  pg: Pg,
+  operation: string,
+  effect: Effect.Effect<A, E | Transient, R>
+): Effect.Effect<A, E | OffsetStoreError, R> =>
+  Effect.catchIf(effect, isTransientError, (first) =>
+    Effect.gen(function*() {
+      const driver = yield* Schedule.driver(pg.schedule)
+      const started = yield* Clock.currentTimeMillis
+      const loop = (attempts: number, last: Transient): Effect.Effect<A, E | OffsetStoreError, R> =>
+        driver.next(last.error).pipe(
+          Effect.matchEffect({
+            onFailure: () =>
+              Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                Effect.fail(
+                  new OffsetStoreError({
+                    store: STORE,
+                    operation,
+                    reason: `still failing after ${attempts} attempts over ${
+                      Duration.format(Duration.millis(now - started))
+                    }: ${last.error.reason}`,
+                    cause: last.error.cause
+                  })
+                )),
+            onSuccess: () => Effect.catchIf(effect, isTransientError, (again) => loop(attempts + 1, again))
+          })
+        )
+      return yield* loop(1, first)
+    }))
+
+/** A failure of a statement on the pool: retried when it passes. @internal */
+export const onPool = (pg: Pg, operation: string) => (cause: unknown): OffsetStoreError | Transient => {
+  const error = toStoreError(operation, pg.client.target)(cause)
+  return isTransient(cause) ? new Transient({ error }) : error
+}
