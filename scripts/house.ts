@@ -26,7 +26,10 @@ export interface FunctionSize {
 export interface House {
   readonly files: ReadonlyArray<FileSize>
   readonly functions: ReadonlyArray<FunctionSize>
+  /** Circles of imports that load modules at run time: a module that runs before the one it needs is loaded. */
   readonly circles: ReadonlyArray<ReadonlyArray<string>>
+  /** Circles only through imports of types, which are erased: two modules that name each other's types. */
+  readonly typeCircles: ReadonlyArray<ReadonlyArray<string>>
 }
 
 const root = Path.resolve(Path.dirname(fileURLToPath(import.meta.url)), "..")
@@ -54,15 +57,30 @@ const isFunction = (node: ts.Node): node is ts.FunctionLikeDeclaration =>
   ts.isFunctionDeclaration(node) || ts.isFunctionExpression(node) || ts.isArrowFunction(node) ||
   ts.isMethodDeclaration(node) || ts.isGetAccessorDeclaration(node) || ts.isConstructorDeclaration(node)
 
-const importsOf = (source: ts.SourceFile, file: string): Array<string> => {
-  const found: Array<string> = []
+/** Whether an import or export declaration names types only (erased at run time). */
+const typeOnly = (node: ts.ImportDeclaration | ts.ExportDeclaration): boolean => {
+  if (ts.isExportDeclaration(node)) {
+    return node.isTypeOnly ||
+      (node.exportClause !== undefined && ts.isNamedExports(node.exportClause) &&
+        node.exportClause.elements.every((e) => e.isTypeOnly))
+  }
+  const clause = node.importClause
+  if (clause === undefined) return false
+  if (clause.isTypeOnly) return true
+  if (clause.name !== undefined) return false
+  const bindings = clause.namedBindings
+  return bindings !== undefined && ts.isNamedImports(bindings) && bindings.elements.every((e) => e.isTypeOnly)
+}
+
+const importsOf = (source: ts.SourceFile, file: string): Array<{ readonly to: string; readonly types: boolean }> => {
+  const found: Array<{ to: string; types: boolean }> = []
   const visit = (node: ts.Node) => {
     if ((ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) && node.moduleSpecifier &&
       ts.isStringLiteral(node.moduleSpecifier)) {
-      // A type-only import costs nothing at run time, but a circle through it still means two modules know each other.
       const spec = node.moduleSpecifier.text
       if (spec.startsWith(".")) {
-        found.push(Path.relative(root, Path.resolve(Path.dirname(file), spec.replace(/\.js$/, ".ts"))))
+        const to = Path.relative(root, Path.resolve(Path.dirname(file), spec.replace(/\.js$/, ".ts")))
+        found.push({ to, types: typeOnly(node) })
       }
     }
   }
@@ -112,13 +130,16 @@ const circlesOf = (graph: ReadonlyMap<string, ReadonlyArray<string>>): Array<Arr
 export const measure = (dir = Path.join(root, "src")): House => {
   const files: Array<FileSize> = []
   const functions: Array<FunctionSize> = []
-  const graph = new Map<string, Array<string>>()
+  const runtime = new Map<string, Array<string>>()
+  const all = new Map<string, Array<string>>()
   for (const file of sourcesUnder(dir)) {
     const text = Fs.readFileSync(file, "utf8")
     const source = ts.createSourceFile(file, text, ts.ScriptTarget.ES2022, true)
     const relative = Path.relative(root, file)
     files.push({ file: relative, lines: source.getLineAndCharacterOfPosition(source.getEnd()).line + 1 })
-    graph.set(relative, importsOf(source, file))
+    const imports = importsOf(source, file)
+    runtime.set(relative, imports.filter((i) => !i.types).map((i) => i.to))
+    all.set(relative, imports.map((i) => i.to))
     const visit = (node: ts.Node) => {
       if (isFunction(node)) {
         const start = source.getLineAndCharacterOfPosition(node.getStart(source)).line
@@ -131,7 +152,10 @@ export const measure = (dir = Path.join(root, "src")): House => {
   }
   files.sort((a, b) => b.lines - a.lines)
   functions.sort((a, b) => b.lines - a.lines)
-  return { files, functions, circles: circlesOf(graph) }
+  const circles = circlesOf(runtime)
+  const known = new Set(circles.map((c) => c.join(" ")))
+  const typeCircles = circlesOf(all).filter((c) => !known.has(c.join(" ")))
+  return { files, functions, circles, typeCircles }
 }
 
 if (process.argv[1] && fileURLToPath(import.meta.url) === Path.resolve(process.argv[1])) {
@@ -147,7 +171,9 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === Path.resolve(process.a
     for (const f of house.functions.slice(0, 10)) {
       console.log(`  ${String(f.lines).padStart(5)}  ${f.name} (${f.file}:${f.line})`)
     }
-    console.log(`import circles: ${house.circles.length}`)
+    console.log(`import circles at run time: ${house.circles.length}`)
     for (const c of house.circles) console.log(`  ${c.join(" <-> ")}`)
+    console.log(`circles through type imports only: ${house.typeCircles.length}`)
+    for (const c of house.typeCircles) console.log(`  ${c.join(" <-> ")}`)
   }
 }

@@ -13,36 +13,23 @@ import { InvalidConfig } from "../../../KafkaError.js"
 import { OffsetStoreError } from "../../../OffsetStore.js"
 import { describe, isTransient, isTransientError, STORE, toStoreError, Transient } from "./errors.js"
 import { decodeColumns, quote } from "./sql.js"
+import type { IsolationLevel as PgIsolationLevel, Options as PgOffsetStoreOptions } from "../../../PgOffsetStore.js"
 
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/
 
-/**
- * The isolation level of a unit's transaction, as `PgOffsetStore.IsolationLevel` declares it.
- *
- * @internal
- */
-export type IsolationLevel = "read committed" | "repeatable read" | "serializable"
+/** The isolation level of a unit's transaction, as `PgOffsetStore.IsolationLevel` declares it. @internal */
+export type IsolationLevel = PgIsolationLevel
 
 /** @internal */
 export const ISOLATION_LEVELS: ReadonlyArray<IsolationLevel> = ["read committed", "repeatable read", "serializable"]
 
 /**
- * The store's options, as `PgOffsetStore.Options` declares and explains them. They are spelled out again here, not
- * imported, so that the public module depends on this one and not the other way round; a field of another type there
- * fails to type-check where `PgOffsetStore` hands its options over.
+ * The store's options, as `PgOffsetStore.Options` declares and explains them; imported for their type only, so that
+ * nothing of the public module is loaded from here.
  *
  * @internal
  */
-export interface Options {
-  readonly url?: string | Redacted.Redacted<string> | undefined
-  readonly sql?: postgres.Sql | undefined
-  readonly table?: string | undefined
-  readonly schema?: string | undefined
-  readonly migrate?: boolean | undefined
-  readonly isolationLevel?: IsolationLevel | undefined
-  readonly retry?: Schedule.Schedule<unknown, OffsetStoreError> | undefined
-  readonly retryFor?: Duration.DurationInput | undefined
-}
+export type Options = PgOffsetStoreOptions
 
 /** @internal */
 export const defaultRetry: Schedule.Schedule<unknown, OffsetStoreError> = Schedule.exponential("100 millis").pipe(
