@@ -128,85 +128,88 @@ export interface Context {
  *
  * @internal
  */
-export const operations = ({ groupOf, logs, notify, producers }: Context) => ({
-  initProducer: (transactionalId: string, transactionTimeout: Duration.DurationInput): Effect.Effect<number> =>
-    Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      expireTransactions(producers, now)
-      const state = producers.get(transactionalId) ?? { epoch: -1, timeoutMillis: 0, open: undefined }
-      finish(state, "aborted")
-      state.epoch++
-      state.timeoutMillis = Duration.toMillis(Duration.decode(transactionTimeout))
-      producers.set(transactionalId, state)
-      yield* notify
-      return state.epoch
-    }),
-  transactionalProduce: (
-    transactionalId: string,
-    epoch: number,
-    topicName: string,
-    records: ReadonlyArray<ProducerRecord>
-  ): Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, ProduceFailed> =>
+export const operations = ({ groupOf, logs, notify, producers }: Context) => {
+  /** The producer of `transactionalId` at `epoch`, once expired transactions are aborted; or why it is fenced. */
+  const current = (transactionalId: string, epoch: number) =>
     Effect.gen(function*() {
       const now = yield* Clock.currentTimeMillis
       if (expireTransactions(producers, now)) yield* notify
-      const state = fencedBy(producers, transactionalId, epoch)
-      if (typeof state === "string") {
-        return yield* new ProduceFailed({ reason: "Fenced", topic: topicName, code: "PRODUCER_FENCED", detail: state })
-      }
-      const topic = logs.topics.get(topicName)
-      if (topic === undefined) return yield* producer.unknownTopic(topicName)
-      const planned = yield* memoryLog.plan(logs, "transactionalProduce", topic, records, now).pipe(
-        Effect.mapError((e) => new ProduceFailed({ reason: "UnknownPartition", topic: topicName, detail: e.reason }))
-      )
-      const open = openTransaction(state, now)
-      const offsets = new Map<number, Array<bigint>>()
-      for (const [partition, builders] of planned.byPartition) {
-        const log = topic.partitions[partition]!
-        open.logs.add(log)
-        offsets.set(partition, memoryLog.appendTransactional(log, builders, open.txn))
-      }
-      yield* notify
-      return memoryLog.inOrder(planned, offsets)
-    }),
-  endTransaction: (
-    transactionalId: string,
-    epoch: number,
-    outcome: "commit" | "abort",
-    offsets: ReadonlyArray<GroupOffsets> = []
-  ): Effect.Effect<void, TransactionFailed> =>
-    Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      if (expireTransactions(producers, now)) yield* notify
-      const state = fencedBy(producers, transactionalId, epoch)
-      if (typeof state === "string") {
-        return yield* producer.transactionFailed(transactionalId, outcome, "Fenced", state)
-      }
-      if (outcome === "commit") {
-        for (const { groupId, positions } of [...(state.open?.offsets ?? []), ...offsets]) {
-          const group = groupOf(groupId)
-          for (const { next, partition, topic } of positions) {
-            group.committed.set(TopicPartition.key({ topic, partition }), next)
-            group.metadata.delete(TopicPartition.key({ topic, partition }))
+      return { now, state: fencedBy(producers, transactionalId, epoch) }
+    })
+  return {
+    initProducer: (transactionalId: string, transactionTimeout: Duration.DurationInput): Effect.Effect<number> =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        expireTransactions(producers, now)
+        const state = producers.get(transactionalId) ?? { epoch: -1, timeoutMillis: 0, open: undefined }
+        finish(state, "aborted")
+        state.epoch++
+        state.timeoutMillis = Duration.toMillis(Duration.decode(transactionTimeout))
+        producers.set(transactionalId, state)
+        yield* notify
+        return state.epoch
+      }),
+    transactionalProduce: (
+      transactionalId: string,
+      epoch: number,
+      topicName: string,
+      records: ReadonlyArray<ProducerRecord>
+    ): Effect.Effect<ReadonlyArray<readonly [partition: number, offset: bigint]>, ProduceFailed> =>
+      Effect.gen(function*() {
+        const { now, state } = yield* current(transactionalId, epoch)
+        if (typeof state === "string") {
+          return yield* new ProduceFailed({ reason: "Fenced", topic: topicName, code: "PRODUCER_FENCED", detail: state })
+        }
+        const topic = logs.topics.get(topicName)
+        if (topic === undefined) return yield* producer.unknownTopic(topicName)
+        const planned = yield* memoryLog.plan(logs, "transactionalProduce", topic, records, now).pipe(
+          Effect.mapError((e) => new ProduceFailed({ reason: "UnknownPartition", topic: topicName, detail: e.reason }))
+        )
+        const open = openTransaction(state, now)
+        const offsets = new Map<number, Array<bigint>>()
+        for (const [partition, builders] of planned.byPartition) {
+          const log = topic.partitions[partition]!
+          open.logs.add(log)
+          offsets.set(partition, memoryLog.appendTransactional(log, builders, open.txn))
+        }
+        yield* notify
+        return memoryLog.inOrder(planned, offsets)
+      }),
+    endTransaction: (
+      transactionalId: string,
+      epoch: number,
+      outcome: "commit" | "abort",
+      offsets: ReadonlyArray<GroupOffsets> = []
+    ): Effect.Effect<void, TransactionFailed> =>
+      Effect.gen(function*() {
+        const { state } = yield* current(transactionalId, epoch)
+        if (typeof state === "string") {
+          return yield* producer.transactionFailed(transactionalId, outcome, "Fenced", state)
+        }
+        if (outcome === "commit") {
+          for (const { groupId, positions } of [...(state.open?.offsets ?? []), ...offsets]) {
+            const group = groupOf(groupId)
+            for (const { next, partition, topic } of positions) {
+              group.committed.set(TopicPartition.key({ topic, partition }), next)
+              group.metadata.delete(TopicPartition.key({ topic, partition }))
+            }
           }
         }
-      }
-      finish(state, outcome === "commit" ? "committed" : "aborted")
-      yield* notify
-    }),
-  sendOffsets: (
-    transactionalId: string,
-    epoch: number,
-    groupId: string,
-    positions: ReadonlyArray<Position>
-  ): Effect.Effect<void, TransactionFailed> =>
-    Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      if (expireTransactions(producers, now)) yield* notify
-      const state = fencedBy(producers, transactionalId, epoch)
-      if (typeof state === "string") {
-        return yield* producer.transactionFailed(transactionalId, "sendOffsets", "Fenced", state)
-      }
-      openTransaction(state, now).offsets.push({ groupId, positions: [...positions] })
-    })
-})
+        finish(state, outcome === "commit" ? "committed" : "aborted")
+        yield* notify
+      }),
+    sendOffsets: (
+      transactionalId: string,
+      epoch: number,
+      groupId: string,
+      positions: ReadonlyArray<Position>
+    ): Effect.Effect<void, TransactionFailed> =>
+      Effect.gen(function*() {
+        const { now, state } = yield* current(transactionalId, epoch)
+        if (typeof state === "string") {
+          return yield* producer.transactionFailed(transactionalId, "sendOffsets", "Fenced", state)
+        }
+        openTransaction(state, now).offsets.push({ groupId, positions: [...positions] })
+      })
+  }
+}
