@@ -23,11 +23,15 @@ export interface BacklogSizes {
 
 const runChild = (args: ChildArgs): Promise<ChildResult> =>
   new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ["--import", "tsx", path.join(here, "backlogChild.ts"), JSON.stringify(args)], {
-      cwd: root,
-      stdio: ["ignore", "pipe", "inherit"],
-      env: { ...process.env, KAFKAJS_NO_PARTITIONER_WARNING: "1" }
-    })
+    const child = spawn(
+      process.execPath,
+      ["--import", "tsx", path.join(here, "backlogChild.ts"), JSON.stringify(args)],
+      {
+        cwd: root,
+        stdio: ["ignore", "pipe", "inherit"],
+        env: { ...process.env, KAFKAJS_NO_PARTITIONER_WARNING: "1" }
+      }
+    )
     let stdout = ""
     child.stdout.setEncoding("utf8")
     child.stdout.on("data", (data: string) => {

@@ -236,7 +236,9 @@ export const renderResult = (result: BenchResult): string => {
   }
   for (const check of result.checks) {
     const verdict = check.target === "(reported)" ? "" : check.hit ? "  HIT" : "  MISS"
-    lines.push(`  ${check.name.padEnd(24)} ${formatNumber(check.value).padStart(12)}   target ${check.target}${verdict}`)
+    lines.push(
+      `  ${check.name.padEnd(24)} ${formatNumber(check.value).padStart(12)}   target ${check.target}${verdict}`
+    )
   }
   for (const note of result.notes) lines.push(`  note: ${note}`)
   return lines.join("\n")

@@ -68,77 +68,81 @@ export const inMemory = (
       }
 
       let group = 0
-      const variants = await around(() => compare(plan, [
-        {
-          id: "bare",
-          label: "bare Stream.fromChunks + runForEachChunk",
-          run: async () => {
-            let count = 0
-            const started = performance.now()
-            await Effect.runPromise(
-              Stream.fromChunks(...chunks).pipe(
-                Stream.runForEachChunk((chunk) =>
-                  Effect.sync(() => {
-                    count += Chunk.size(chunk)
-                  })
+      const variants = await around(() =>
+        compare(plan, [
+          {
+            id: "bare",
+            label: "bare Stream.fromChunks + runForEachChunk",
+            run: async () => {
+              let count = 0
+              const started = performance.now()
+              await Effect.runPromise(
+                Stream.fromChunks(...chunks).pipe(
+                  Stream.runForEachChunk((chunk) =>
+                    Effect.sync(() => {
+                      count += Chunk.size(chunk)
+                    })
+                  )
                 )
               )
-            )
-            const millis = performance.now() - started
-            if (count !== records) throw new Error(`bare stream saw ${count} records`)
-            return { value: count / (millis / 1000), details: { "total ms": millis } }
-          }
-        },
-        {
-          id: "lib",
-          label: "library run, chunk handler, commitAfter",
-          run: () =>
-            runtime.runPromise(Effect.gen(function*() {
-              const done = yield* Deferred.make<void>()
-              let count = 0
-              let first = 0
-              let atFirst = 0
-              let last = 0
-              const started = performance.now()
-              const consumer = Consumer.run(
-                { groupId: `bench-${++group}`, topics: [topic], maxPollRecords, bufferSize: 2 * maxPollRecords },
-                (chunk) =>
-                  Effect.sync(() => {
-                    if (first === 0) {
-                      first = performance.now()
-                      atFirst = Chunk.size(chunk)
-                    }
-                    count += Chunk.size(chunk)
-                    if (count >= records && last === 0) {
-                      last = performance.now()
-                      Deferred.unsafeDone(done, Exit.void)
-                    }
-                  })
-              ).pipe(
-                Effect.provide(CommitPolicy.commitAfter({ maxBatch: commitEvery, maxInterval: Duration.seconds(1) }))
-              )
-              const fiber = yield* Effect.fork(consumer)
-              yield* Effect.raceFirst(Deferred.await(done), Fiber.join(fiber))
-              yield* Fiber.interrupt(fiber)
-              const millis = last - started
-              // As in benchmarks 1 and 2: the steady rate after the first delivery; starting the consumer (join,
-              // assignment, a worker per partition) is reported next to it.
-              return {
-                value: (count - atFirst) / ((last - first) / 1000),
-                details: {
-                  "to 1st rec ms": first - started,
-                  "total ms": millis,
-                  "rec/s incl. start": count / (millis / 1000)
+              const millis = performance.now() - started
+              if (count !== records) throw new Error(`bare stream saw ${count} records`)
+              return { value: count / (millis / 1000), details: { "total ms": millis } }
+            }
+          },
+          {
+            id: "lib",
+            label: "library run, chunk handler, commitAfter",
+            run: () =>
+              runtime.runPromise(Effect.gen(function*() {
+                const done = yield* Deferred.make<void>()
+                let count = 0
+                let first = 0
+                let atFirst = 0
+                let last = 0
+                const started = performance.now()
+                const consumer = Consumer.run(
+                  { groupId: `bench-${++group}`, topics: [topic], maxPollRecords, bufferSize: 2 * maxPollRecords },
+                  (chunk) =>
+                    Effect.sync(() => {
+                      if (first === 0) {
+                        first = performance.now()
+                        atFirst = Chunk.size(chunk)
+                      }
+                      count += Chunk.size(chunk)
+                      if (count >= records && last === 0) {
+                        last = performance.now()
+                        Deferred.unsafeDone(done, Exit.void)
+                      }
+                    })
+                ).pipe(
+                  Effect.provide(CommitPolicy.commitAfter({ maxBatch: commitEvery, maxInterval: Duration.seconds(1) }))
+                )
+                const fiber = yield* Effect.fork(consumer)
+                yield* Effect.raceFirst(Deferred.await(done), Fiber.join(fiber))
+                yield* Fiber.interrupt(fiber)
+                const millis = last - started
+                // As in benchmarks 1 and 2: the steady rate after the first delivery; starting the consumer (join,
+                // assignment, a worker per partition) is reported next to it.
+                return {
+                  value: (count - atFirst) / ((last - first) / 1000),
+                  details: {
+                    "to 1st rec ms": first - started,
+                    "total ms": millis,
+                    "rec/s incl. start": count / (millis / 1000)
+                  }
                 }
-              }
-            }))
-        }
-      ]))
+              }))
+          }
+        ])
+      )
       const lib = variants.find((v) => v.id === "lib")!
       const bare = variants.find((v) => v.id === "bare")!
       return {
         id: "in-memory",
-        title: `4. In-memory kit: ${records.toLocaleString("en-US")} records, ${partitions} partitions, chunks of ${maxPollRecords}`,
+        title: `4. In-memory kit: ${
+          records.toLocaleString("en-US")
+        } records, ${partitions} partitions, chunks of ${maxPollRecords}`,
         unit: "records/s",
         warmup: plan.warmup,
         rounds: plan.rounds,

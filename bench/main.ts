@@ -158,7 +158,9 @@ const main = async (): Promise<number> => {
   const startedAt = new Date().toISOString()
   const info = machine()
   log(
-    `bench (${options.smoke ? "smoke" : "full"}): ${info.nproc} cpus (${info.cpu}), ${info.memoryGiB} GiB, node ${info.node}, ` +
+    `bench (${
+      options.smoke ? "smoke" : "full"
+    }): ${info.nproc} cpus (${info.cpu}), ${info.memoryGiB} GiB, node ${info.node}, ` +
       `load ${info.loadAverage.join(" ")}`
   )
   const results: Array<BenchResult> = []
@@ -241,7 +243,9 @@ const main = async (): Promise<number> => {
   }
   const misses = results.flatMap((r) => r.checks.filter((c) => !c.hit).map((c) => `${r.id} ${c.name}`))
   process.stdout.write(
-    `\n${results.length} results, ${failures.length} failures; targets missed: ${misses.length === 0 ? "none" : misses.join(", ")}\n`
+    `\n${results.length} results, ${failures.length} failures; targets missed: ${
+      misses.length === 0 ? "none" : misses.join(", ")
+    }\n`
   )
   if (options.json !== undefined) {
     fs.mkdirSync(path.dirname(path.resolve(options.json)), { recursive: true })

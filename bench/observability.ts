@@ -131,10 +131,17 @@ export const observabilityKafka = (plan: Plan, brokers: string, sizes: Observabi
     plan.log(`11. observability, real broker`)
     const topic = fresh("observability")
     const runtime = ManagedRuntime.make(Layer.orDie(driverLayer(brokers)))
-    const kafka = new Kafka({ clientId: "bench-observability", brokers: brokers.split(","), logLevel: logLevel.NOTHING })
+    const kafka = new Kafka({
+      clientId: "bench-observability",
+      brokers: brokers.split(","),
+      logLevel: logLevel.NOTHING
+    })
     try {
       await runtime.runPromise(KafkaJs.createTopic(brokers, topic, sizes.partitions))
-      const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, allowAutoTopicCreation: false })
+      const producer = kafka.producer({
+        createPartitioner: Partitioners.DefaultPartitioner,
+        allowAutoTopicCreation: false
+      })
       await producer.connect()
       try {
         const buffer = Buffer.from(value)

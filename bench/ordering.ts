@@ -169,13 +169,18 @@ export const orderingKafka = (plan: Plan, brokers: string, sizes: OrderingSizes)
     const runtime = ManagedRuntime.make(Layer.orDie(driverLayer(brokers)))
     try {
       await createTopics(brokers, [topic], sizes.partitions)
-      const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, allowAutoTopicCreation: false })
+      const producer = kafka.producer({
+        createPartitioner: Partitioners.DefaultPartitioner,
+        allowAutoTopicCreation: false
+      })
       await producer.connect()
       try {
         const value = Buffer.alloc(256, 0x61)
         for (let at = 0; at < sizes.records; at += 5_000) {
           const messages = []
-          for (let i = at; i < Math.min(sizes.records, at + 5_000); i++) messages.push({ key: keyOf(i, sizes.keys), value })
+          for (let i = at; i < Math.min(sizes.records, at + 5_000); i++) {
+            messages.push({ key: keyOf(i, sizes.keys), value })
+          }
           await producer.send({ topic, acks: 1, compression: CompressionTypes.None, messages })
         }
       } finally {

@@ -177,7 +177,9 @@ export const exactlyOnce = async (
           const target = targets[batch]
           return {
             id: `pg-batch-${batch}`,
-            title: `3. Exactly-once on Postgres: ${records.toLocaleString("en-US")} records of 256 B, batches of ${batch}`,
+            title: `3. Exactly-once on Postgres: ${
+              records.toLocaleString("en-US")
+            } records of 256 B, batches of ${batch}`,
             unit: "records/s",
             warmup: plan.warmup,
             rounds: plan.rounds,

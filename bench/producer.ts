@@ -107,25 +107,27 @@ const rawThroughput = async (
 const libraryThroughput = (
   { brokers, durability, partitions, records, topic, valueBytes }: ThroughputRun
 ): Promise<Sample> =>
-  Effect.runPromise(Effect.gen(function*() {
-    const value = Buffer.alloc(valueBytes, 0x61)
-    const started = performance.now()
-    for (let at = 0; at < records; at += SLICE) {
-      const slice: Array<Producer.ProducerRecord> = []
-      for (let i = at; i < Math.min(records, at + SLICE); i++) slice.push({ topic, partition: i % partitions, value })
-      yield* Producer.sendAll(slice)
-    }
-    return rate(records, started)
-  }).pipe(
-    Effect.provide(KafkaJs.layerProducer({
-      brokers: brokers.split(","),
-      logLevel: "nothing",
-      linger: 0,
-      batchSize: 4 * 1024 * 1024,
-      ...(durability === "idempotent" ? { acks: "all", idempotent: true } : { acks: 1, idempotent: false })
-    })),
-    Effect.scoped
-  ))
+  Effect.runPromise(
+    Effect.gen(function*() {
+      const value = Buffer.alloc(valueBytes, 0x61)
+      const started = performance.now()
+      for (let at = 0; at < records; at += SLICE) {
+        const slice: Array<Producer.ProducerRecord> = []
+        for (let i = at; i < Math.min(records, at + SLICE); i++) slice.push({ topic, partition: i % partitions, value })
+        yield* Producer.sendAll(slice)
+      }
+      return rate(records, started)
+    }).pipe(
+      Effect.provide(KafkaJs.layerProducer({
+        brokers: brokers.split(","),
+        logLevel: "nothing",
+        linger: 0,
+        batchSize: 4 * 1024 * 1024,
+        ...(durability === "idempotent" ? { acks: "all", idempotent: true } : { acks: 1, idempotent: false })
+      })),
+      Effect.scoped
+    )
+  )
 
 /**
  * Benchmark 6 runs this many times the rounds of the others: a run's rate moves by up to a quarter from one run to the
@@ -200,7 +202,11 @@ export const manyFibers = (plan: Plan, brokers: string, sizes: ProducerSizes): P
       // Both sides start their n senders (fibers, promises) before the clock starts, as an application's request
       // handlers exist before they send, and release them all at once: what is timed is the sends, not the forks.
       const raw = async (): Promise<Sample> => {
-        const producer = kafkaOf(brokers).producer({ idempotent: true, maxInFlightRequests: 1, allowAutoTopicCreation: false })
+        const producer = kafkaOf(brokers).producer({
+          idempotent: true,
+          maxInFlightRequests: 1,
+          allowAutoTopicCreation: false
+        })
         await producer.connect()
         try {
           const value = Buffer.alloc(256, 0x61)
@@ -219,36 +225,44 @@ export const manyFibers = (plan: Plan, brokers: string, sizes: ProducerSizes): P
         }
       }
       const lib = (): Promise<Sample> =>
-        Effect.runPromise(Effect.gen(function*() {
-          const value = Buffer.alloc(256, 0x61)
-          const gate = yield* Deferred.make<void>()
-          const finished = yield* Deferred.make<void, ProduceFailed>()
-          let answered = 0
-          for (let i = 0; i < n; i++) {
-            yield* Deferred.await(gate).pipe(
-              Effect.zipRight(Producer.send({ topic, partition: i % sizes.partitions, value })),
-              Effect.matchCauseEffect({
-                onFailure: (cause) => Deferred.failCause(finished, cause),
-                onSuccess: () => ++answered === n ? Deferred.succeed(finished, undefined) : Effect.void
-              }),
-              Effect.forkScoped
-            )
-          }
-          const started = performance.now()
-          yield* Deferred.succeed(gate, undefined)
-          yield* Deferred.await(finished)
-          return rate(n, started)
-        }).pipe(
-          Effect.provide(KafkaJs.layerProducer({ brokers: brokers.split(","), logLevel: "nothing" })),
-          Effect.scoped
-        ))
+        Effect.runPromise(
+          Effect.gen(function*() {
+            const value = Buffer.alloc(256, 0x61)
+            const gate = yield* Deferred.make<void>()
+            const finished = yield* Deferred.make<void, ProduceFailed>()
+            let answered = 0
+            for (let i = 0; i < n; i++) {
+              yield* Deferred.await(gate).pipe(
+                Effect.zipRight(Producer.send({ topic, partition: i % sizes.partitions, value })),
+                Effect.matchCauseEffect({
+                  onFailure: (cause) => Deferred.failCause(finished, cause),
+                  onSuccess: () => ++answered === n ? Deferred.succeed(finished, undefined) : Effect.void
+                }),
+                Effect.forkScoped
+              )
+            }
+            const started = performance.now()
+            yield* Deferred.succeed(gate, undefined)
+            yield* Deferred.await(finished)
+            return rate(n, started)
+          }).pipe(
+            Effect.provide(KafkaJs.layerProducer({ brokers: brokers.split(","), logLevel: "nothing" })),
+            Effect.scoped
+          )
+        )
       const variants = await compare(plan, [
         { id: "raw", label: "raw kafkajs: one send per record, all awaited at once (idempotent, acks all)", run: raw },
-        { id: "lib", label: "library: one Producer.send per fiber, all at once (defaults: idempotent, linger 5 ms)", run: lib }
+        {
+          id: "lib",
+          label: "library: one Producer.send per fiber, all at once (defaults: idempotent, linger 5 ms)",
+          run: lib
+        }
       ])
       return {
         id: "producer-fibers",
-        title: `7. Many fibers, one record each: ${n.toLocaleString("en-US")} records x 256 B, ${sizes.partitions} partitions`,
+        title: `7. Many fibers, one record each: ${
+          n.toLocaleString("en-US")
+        } records x 256 B, ${sizes.partitions} partitions`,
         unit: "records/s",
         warmup: plan.warmup,
         rounds: plan.rounds,
@@ -353,25 +367,30 @@ const libraryPipeline = (brokers: string, input: string, output: string, records
     const started = performance.now()
     // Chunks as large as kafkajs's fetched batches (up to a megabyte of records per partition), so that both sides
     // commit transactions of the same size.
-    yield* Consumer.run({ groupId: fresh("lib-pipeline"), topics: [input], maxPollRecords: 5_000 }, (chunk) =>
-      Effect.gen(function*() {
-        yield* Producer.sendAll(Chunk.map(chunk, (r) => ({ topic: output, partition: r.partition, value: r.value })))
-        count += Chunk.size(chunk)
-        if (count >= records) yield* Deferred.succeed(done, undefined)
-      })).pipe(
-        Effect.raceFirst(Deferred.await(done)),
-        Effect.provide(
-          CommitPolicy.kafkaTransactional().pipe(
-            Layer.provide(KafkaJs.layerTransactionalProducers({ brokers: brokers.split(","), logLevel: "nothing", linger: 0 }))
+    yield* Consumer.run(
+      { groupId: fresh("lib-pipeline"), topics: [input], maxPollRecords: 5_000 },
+      (chunk) =>
+        Effect.gen(function*() {
+          yield* Producer.sendAll(Chunk.map(chunk, (r) => ({ topic: output, partition: r.partition, value: r.value })))
+          count += Chunk.size(chunk)
+          if (count >= records) yield* Deferred.succeed(done, undefined)
+        })
+    ).pipe(
+      Effect.raceFirst(Deferred.await(done)),
+      Effect.provide(
+        CommitPolicy.kafkaTransactional().pipe(
+          Layer.provide(
+            KafkaJs.layerTransactionalProducers({ brokers: brokers.split(","), logLevel: "nothing", linger: 0 })
           )
-        ),
-        Effect.provide(KafkaJs.layer({
-          brokers: brokers.split(","),
-          logLevel: "nothing",
-          maxWaitTime: settings.maxWaitTimeInMs,
-          partitionsConsumedConcurrently: settings.partitionsConsumedConcurrently
-        }))
-      )
+        )
+      ),
+      Effect.provide(KafkaJs.layer({
+        brokers: brokers.split(","),
+        logLevel: "nothing",
+        maxWaitTime: settings.maxWaitTimeInMs,
+        partitionsConsumedConcurrently: settings.partitionsConsumedConcurrently
+      }))
+    )
     return rate(records, started)
   }))
 
@@ -392,12 +411,22 @@ export const pipeline = (plan: Plan, brokers: string, sizes: ProducerSizes): Pro
     try {
       plan.log(`8. consume-transform-produce exactly once, ${n.toLocaleString("en-US")} records`)
       const variants = await compare(plan, [
-        { id: "raw", label: "hand-written kafkajs loop: a transaction per eachBatch", run: async () => rawPipeline(brokers, input, await output(), n) },
-        { id: "lib", label: "library: kafkaTransactional, sendAll per chunk, maxPollRecords 5,000", run: async () => libraryPipeline(brokers, input, await output(), n) }
+        {
+          id: "raw",
+          label: "hand-written kafkajs loop: a transaction per eachBatch",
+          run: async () => rawPipeline(brokers, input, await output(), n)
+        },
+        {
+          id: "lib",
+          label: "library: kafkaTransactional, sendAll per chunk, maxPollRecords 5,000",
+          run: async () => libraryPipeline(brokers, input, await output(), n)
+        }
       ])
       return {
         id: "pipeline",
-        title: `8. Consume-transform-produce exactly once: ${n.toLocaleString("en-US")} records x 256 B, ${sizes.partitions} partitions`,
+        title: `8. Consume-transform-produce exactly once: ${
+          n.toLocaleString("en-US")
+        } records x 256 B, ${sizes.partitions} partitions`,
         unit: "records/s",
         warmup: plan.warmup,
         rounds: plan.rounds,

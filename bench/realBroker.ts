@@ -30,20 +30,38 @@ export const overhead = (
     const driver = driverLayer(brokers)
     plan.log(`1. consumer overhead, ${topic.records.toLocaleString("en-US")} x ${valueBytes} B`)
     const variants = await compare(plan, [
-      { id: "a", label: "raw kafkajs eachBatch (count, no commits)", run: () => rawKafkajs(brokers, topic, "eachBatch", "count", false) },
-      { id: "b", label: "raw kafkajs eachMessage (count, no commits)", run: () => rawKafkajs(brokers, topic, "eachMessage", "count", false) },
-      { id: "c", label: "library run, chunk handler, commitAfter", run: () => library(driver, topic, "chunk", "count") },
+      {
+        id: "a",
+        label: "raw kafkajs eachBatch (count, no commits)",
+        run: () => rawKafkajs(brokers, topic, "eachBatch", "count", false)
+      },
+      {
+        id: "b",
+        label: "raw kafkajs eachMessage (count, no commits)",
+        run: () => rawKafkajs(brokers, topic, "eachMessage", "count", false)
+      },
+      {
+        id: "c",
+        label: "library run, chunk handler, commitAfter",
+        run: () => library(driver, topic, "chunk", "count")
+      },
       { id: "d", label: "library runEach, commitAfter", run: () => library(driver, topic, "each", "count") },
       {
         id: "e",
         label: "raw kafkajs eachBatch reading key, value, offset",
         run: () => rawKafkajs(brokers, topic, "eachBatch", "read", false)
       },
-      { id: "f", label: "library run, chunk handler reading key, value, offset", run: () => library(driver, topic, "chunk", "read") }
+      {
+        id: "f",
+        label: "library run, chunk handler reading key, value, offset",
+        run: () => library(driver, topic, "chunk", "read")
+      }
     ])
     return {
       id: `overhead-${valueBytes}b`,
-      title: `1. Consumer overhead on a real broker: ${topic.records.toLocaleString("en-US")} records x ${valueBytes} B, ${topic.partitions} partitions`,
+      title: `1. Consumer overhead on a real broker: ${
+        topic.records.toLocaleString("en-US")
+      } records x ${valueBytes} B, ${topic.partitions} partitions`,
       unit: "records/s",
       warmup: plan.warmup,
       rounds: plan.rounds,
@@ -120,7 +138,9 @@ export const realistic = (
     ])
     return {
       id: "realistic",
-      title: `2. Realistic handlers: ${topic.records.toLocaleString("en-US")} records, 1 ms of timer per record, ${topic.partitions} partitions`,
+      title: `2. Realistic handlers: ${
+        topic.records.toLocaleString("en-US")
+      } records, 1 ms of timer per record, ${topic.partitions} partitions`,
       unit: "records/s",
       warmup: plan.warmup,
       rounds: plan.rounds,

@@ -171,7 +171,9 @@ export const retriesInMemory = (plan: Plan, sizes: RetrySizes): Promise<BenchRes
       const topics = { nothing: "retries", timer1ms: "retries-timed" }
       await runtime.runPromise(Effect.gen(function*() {
         const kafka = yield* InMemoryKafka.InMemoryKafka
-        for (const [topic, records] of [[topics.nothing, sizes.records], [topics.timer1ms, sizes.timedRecords]] as const) {
+        for (
+          const [topic, records] of [[topics.nothing, sizes.records], [topics.timer1ms, sizes.timedRecords]] as const
+        ) {
           yield* Effect.forEach(topicsOf(topic), (t) => kafka.createTopic(t, sizes.partitions), { discard: true })
           yield* kafka.produce(topic, Array.from({ length: records }, (_, i) => produced(i, sizes.partitions)))
         }
@@ -181,7 +183,9 @@ export const retriesInMemory = (plan: Plan, sizes: RetrySizes): Promise<BenchRes
           const kafka = yield* InMemoryKafka.InMemoryKafka
           for (const routed of routedOf(topic)) {
             const ends = yield* kafka.endOffsets(routed)
-            yield* Effect.forEach(ends, (end, partition) => kafka.deleteRecords(routed, partition, end), { discard: true })
+            yield* Effect.forEach(ends, (end, partition) => kafka.deleteRecords(routed, partition, end), {
+              discard: true
+            })
           }
         }))
       return await measure(plan, runtime, topics, sizes, "retries-inmemory", "in-memory broker", clear)
@@ -203,10 +207,15 @@ export const retriesKafka = (plan: Plan, brokers: string, sizes: RetrySizes): Pr
     const admin = kafka.admin()
     try {
       await admin.connect()
-      const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, allowAutoTopicCreation: false })
+      const producer = kafka.producer({
+        createPartitioner: Partitioners.DefaultPartitioner,
+        allowAutoTopicCreation: false
+      })
       await producer.connect()
       try {
-        for (const [topic, records] of [[topics.nothing, sizes.records], [topics.timer1ms, sizes.timedRecords]] as const) {
+        for (
+          const [topic, records] of [[topics.nothing, sizes.records], [topics.timer1ms, sizes.timedRecords]] as const
+        ) {
           // Leaders elected before anything is read or deleted.
           await createTopics(brokers, topicsOf(topic), sizes.partitions)
           for (let at = 0; at < records; at += 5_000) {

@@ -12,7 +12,9 @@ import * as KafkaJs from "../src/KafkaJs.js"
  * was deleted); the library's `createTopic` waits that out.
  */
 export const createTopics = (brokers: string, topics: ReadonlyArray<string>, partitions: number): Promise<void> =>
-  Effect.runPromise(Effect.forEach(topics, (topic) => KafkaJs.createTopic(brokers, topic, partitions), { discard: true }))
+  Effect.runPromise(
+    Effect.forEach(topics, (topic) => KafkaJs.createTopic(brokers, topic, partitions), { discard: true })
+  )
 
 export interface BenchTopic {
   readonly name: string
@@ -77,9 +79,11 @@ export const makeTopics = (brokers: string, runId: string, log: (line: string) =
         const offsets = await admin.fetchTopicOffsets(name)
         const total = offsets.reduce((sum, o) => sum + Number(o.high) - Number(o.low), 0)
         if (total !== records) throw new Error(`topic ${name} holds ${total} records, expected ${records}`)
-        log(`setup: produced ${records.toLocaleString("en-US")} x ${valueBytes} B to ${name} in ${
-          ((performance.now() - started) / 1000).toFixed(1)
-        } s`)
+        log(
+          `setup: produced ${records.toLocaleString("en-US")} x ${valueBytes} B to ${name} in ${
+            ((performance.now() - started) / 1000).toFixed(1)
+          } s`
+        )
         return spec
       })()
       made.set(key, topic)

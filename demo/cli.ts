@@ -321,8 +321,10 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
         `Semantics lab: ${count(args.records)} records on ${args.partitions} partitions, ${args.consumers} consumers ` +
           `(two join, one leaves), ${
             args.ordering === "partition" ? "" : `ordering by ${args.ordering}, concurrency ${args.concurrency}, `
-          }${real ? `${maxCrashes} members killed` : `crash rate ${args.crashRate}, at most ` +
-            `${maxCrashes} crashes`}, ${args.poisonRate > 0 ? `poison rate ${args.poisonRate}, ` : ""}seed ${args.seed}`
+          }${
+            real ? `${maxCrashes} members killed` : `crash rate ${args.crashRate}, at most ` +
+              `${maxCrashes} crashes`
+          }, ${args.poisonRate > 0 ? `poison rate ${args.poisonRate}, ` : ""}seed ${args.seed}`
       )
       yield* Console.log(
         `${real ? `Kafka at ${Option.getOrElse(args.brokers, () => "")}` : "in-memory broker"}; ` +
@@ -340,8 +342,12 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
         if (done !== last) [last, progressAt] = [done, Date.now()]
       }
       const run = Option.isSome(args.brokers)
-        ? runReal(args, policy, args.brokers.value, (results, kills) =>
-          line.update("handled", results, args.records, kills))
+        ? runReal(
+          args,
+          policy,
+          args.brokers.value,
+          (results, kills) => line.update("handled", results, args.records, kills)
+        )
         : runInMemory(
           {
             policy,

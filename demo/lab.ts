@@ -454,7 +454,10 @@ const orderingOf = (workload: Workload): Pick<Consumer.Config, "ordering" | "con
  * run while a chunk is in the handler, and a crash there leaves the chunk unhandled.
  */
 const paced = <A, E, R>(workload: Workload, write: Effect.Effect<A, E, R>) =>
-  Effect.zipRight(workload.handlerMillis === undefined ? Effect.yieldNow() : Effect.sleep(workload.handlerMillis), write)
+  Effect.zipRight(
+    workload.handlerMillis === undefined ? Effect.yieldNow() : Effect.sleep(workload.handlerMillis),
+    write
+  )
 
 const storedPositions = (groupId: string, partitions: ReadonlyArray<TopicPartition.TopicPartition>) =>
   Effect.flatMap(OffsetStore.OffsetStore, (store) => store.load(groupId, partitions))
@@ -555,29 +558,29 @@ export const kafkaTransactionalPlan: MakePlan<Driver> = (workload, shouldCrash, 
 }
 
 /** The plan for `transactional`: deliveries are the results committed with positions in the offset store. */
-export const transactionalPlan = <R>(sink: ResultSink<R>): MakePlan<OffsetStore.OffsetStore | R> =>
-(workload, shouldCrash, checkpoints, zombies) => {
-  const progress = makeTally(checkpoints)
-  return {
-    member: (groupId, topic) =>
-      Consumer.run(
-        exactlyOnceConfig(workload, groupId, topic),
-        withPoison(workload, (records, partition) =>
-          paced(workload, sink.write(records)).pipe(
-            // A zombie's unit has written its results and goes on to commit after its partition has moved on.
-            Effect.zipRight(afterUnit(groupId, partition, records, zombies, progress, storedPositions))
-          ), true)
-      ).pipe(
-        Effect.provide(Layer.mergeAll(
-          CommitPolicy.transactional(),
-          InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId)),
-          InMemoryKafka.layerProducer()
-        ))
-      ),
-    positions: storedPositions,
-    tally: (groupId) => Effect.map(sink.read(groupId), countKeys)
+export const transactionalPlan =
+  <R>(sink: ResultSink<R>): MakePlan<OffsetStore.OffsetStore | R> => (workload, shouldCrash, checkpoints, zombies) => {
+    const progress = makeTally(checkpoints)
+    return {
+      member: (groupId, topic) =>
+        Consumer.run(
+          exactlyOnceConfig(workload, groupId, topic),
+          withPoison(workload, (records, partition) =>
+            paced(workload, sink.write(records)).pipe(
+              // A zombie's unit has written its results and goes on to commit after its partition has moved on.
+              Effect.zipRight(afterUnit(groupId, partition, records, zombies, progress, storedPositions))
+            ), true)
+        ).pipe(
+          Effect.provide(Layer.mergeAll(
+            CommitPolicy.transactional(),
+            InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId)),
+            InMemoryKafka.layerProducer()
+          ))
+        ),
+      positions: storedPositions,
+      tally: (groupId) => Effect.map(sink.read(groupId), countKeys)
+    }
   }
-}
 
 /**
  * Runs a workload to the end: every partition's stored position reaches the end of the topic, then the members stop
@@ -667,7 +670,9 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
           Effect.sync(() => {
             for (const p of snapshot.partitions) {
               const known = lagOf.get(p.partition)
-              if (known === undefined || known.at <= snapshot.at) lagOf.set(p.partition, { lag: p.lag, at: snapshot.at })
+              if (known === undefined || known.at <= snapshot.at) {
+                lagOf.set(p.partition, { lag: p.lag, at: snapshot.at })
+              }
             }
           })
         ),

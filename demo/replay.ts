@@ -26,7 +26,9 @@ const brokers = Options.text("brokers").pipe(
 )
 const errorTag = Options.text("error-tag").pipe(
   Options.optional,
-  Options.withDescription("Replays only the records that failed with this error tag (the dead-letter-error-tag header).")
+  Options.withDescription(
+    "Replays only the records that failed with this error tag (the dead-letter-error-tag header)."
+  )
 )
 
 const command = Command.make("replay", { topic, group, brokers, errorTag }, (args) =>

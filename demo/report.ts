@@ -88,9 +88,7 @@ export const explain = (outcome: Outcome, store: string): readonly [string, stri
       ]
     case "commitAfter":
       return [
-        `commits a position only once its record and all before it in the partition were handled: ${
-          count(lost)
-        } lost.`,
+        `commits a position only once its record and all before it in the partition were handled: ${count(lost)} lost.`,
         duplicated > 0
           ? `Records handled after the last commit went to the next owner again on a crash: ${
             count(duplicated)

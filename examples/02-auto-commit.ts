@@ -24,19 +24,22 @@ const program = Effect.gen(function*() {
   const views = new Map<string, number>()
   let handled = 0
   const allHandled = yield* Deferred.make<void>()
-  yield* Consumer.run({ groupId: Broker.unique("page-view-counter"), topics: [topic] }, (records) =>
-    Effect.gen(function*() {
-      for (const record of records) {
-        const page = ConsumerRecord.valueString(record) ?? ""
-        views.set(page, (views.get(page) ?? 0) + 1)
-      }
-      handled += records.length
-      if (handled === 30) yield* Deferred.succeed(allHandled, undefined)
-    })).pipe(
-      Effect.raceFirst(Deferred.await(allHandled)),
-      // Leaving the group commits what was fetched, as kafka-clients does on close.
-      Effect.provide(CommitPolicy.autoCommit({ interval: "5 seconds" }))
-    )
+  yield* Consumer.run(
+    { groupId: Broker.unique("page-view-counter"), topics: [topic] },
+    (records) =>
+      Effect.gen(function*() {
+        for (const record of records) {
+          const page = ConsumerRecord.valueString(record) ?? ""
+          views.set(page, (views.get(page) ?? 0) + 1)
+        }
+        handled += records.length
+        if (handled === 30) yield* Deferred.succeed(allHandled, undefined)
+      })
+  ).pipe(
+    Effect.raceFirst(Deferred.await(allHandled)),
+    // Leaving the group commits what was fetched, as kafka-clients does on close.
+    Effect.provide(CommitPolicy.autoCommit({ interval: "5 seconds" }))
+  )
   yield* Console.log(`auto commit on ${topics.where}: ${handled} page views counted`)
   for (const [page, n] of [...views].sort()) yield* Console.log(`  ${page}: ${n}`)
 })

@@ -21,19 +21,22 @@ const program = Effect.gen(function*() {
 
   const ledger = new Map<string, number>()
   const allHandled = yield* Deferred.make<void>()
-  yield* Consumer.run({ groupId: Broker.unique("ledger"), topics: [topic], maxPollRecords: 8 }, (records, partition) =>
-    Effect.gen(function*() {
-      for (const record of records) {
-        ledger.set(ConsumerRecord.keyString(record) ?? "", Number(ConsumerRecord.valueString(record)))
-      }
-      const last = Chunk.unsafeLast(records)
-      yield* Console.log(`partition ${partition.partition}: ${records.length} payments up to offset ${last.offset}`)
-      if (ledger.size === 40) yield* Deferred.succeed(allHandled, undefined)
-    })).pipe(
-      Effect.raceFirst(Deferred.await(allHandled)),
-      // maxBatch 1: the worker that finishes a chunk commits it at once; maxInterval only matters for larger batches.
-      Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" }))
-    )
+  yield* Consumer.run(
+    { groupId: Broker.unique("ledger"), topics: [topic], maxPollRecords: 8 },
+    (records, partition) =>
+      Effect.gen(function*() {
+        for (const record of records) {
+          ledger.set(ConsumerRecord.keyString(record) ?? "", Number(ConsumerRecord.valueString(record)))
+        }
+        const last = Chunk.unsafeLast(records)
+        yield* Console.log(`partition ${partition.partition}: ${records.length} payments up to offset ${last.offset}`)
+        if (ledger.size === 40) yield* Deferred.succeed(allHandled, undefined)
+      })
+  ).pipe(
+    Effect.raceFirst(Deferred.await(allHandled)),
+    // maxBatch 1: the worker that finishes a chunk commits it at once; maxInterval only matters for larger batches.
+    Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" }))
+  )
   const total = [...ledger.values()].reduce((a, b) => a + b, 0)
   yield* Console.log(`at-least-once on ${topics.where}: ${ledger.size} payments, total ${total}`)
 })

@@ -66,16 +66,19 @@ const program = Effect.gen(function*() {
   // What a person's tool would show of the dead-letter topic.
   const seen: Array<string> = []
   const allSeen = yield* Deferred.make<void>()
-  const inspector = Consumer.runEach({ groupId: Broker.unique("dead-letter-inspector"), topics: [deadLetters] }, (record) =>
-    Effect.suspend(() => {
-      const letter = FailureRoute.deadLettered(record)
-      if (letter === undefined) return Effect.void
-      seen.push(
-        `dead letter: ${letter.topic}-${letter.partition}@${letter.offset}, ${letter.errorTag} after ` +
-          `${letter.attempts} attempt(s): ${letter.errorMessage.split("\n").at(-1)!.replace(/^[\s└─]+/, "")}`
-      )
-      return seen.length === 3 ? Deferred.succeed(allSeen, undefined) : Effect.void
-    }))
+  const inspector = Consumer.runEach(
+    { groupId: Broker.unique("dead-letter-inspector"), topics: [deadLetters] },
+    (record) =>
+      Effect.suspend(() => {
+        const letter = FailureRoute.deadLettered(record)
+        if (letter === undefined) return Effect.void
+        seen.push(
+          `dead letter: ${letter.topic}-${letter.partition}@${letter.offset}, ${letter.errorTag} after ` +
+            `${letter.attempts} attempt(s): ${letter.errorMessage.split("\n").at(-1)!.replace(/^[\s└─]+/, "")}`
+        )
+        return seen.length === 3 ? Deferred.succeed(allSeen, undefined) : Effect.void
+      })
+  )
 
   yield* Effect.all([orders, inspector], { concurrency: "unbounded" }).pipe(
     Effect.raceFirst(Effect.all([Deferred.await(allHandled), Deferred.await(allSeen)])),

@@ -8,7 +8,11 @@
  */
 import { NodeSdk } from "@effect/opentelemetry"
 import { NodeRuntime } from "@effect/platform-node"
-import { AggregationTemporality, InMemoryMetricExporter, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics"
+import {
+  AggregationTemporality,
+  InMemoryMetricExporter,
+  PeriodicExportingMetricReader
+} from "@opentelemetry/sdk-metrics"
 import { InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { CommitPolicy, Consumer, ConsumerRecord, Observability, Producer } from "effect-kafka-delivery"
 import * as Console from "effect/Console"
@@ -37,10 +41,13 @@ const program = Effect.gen(function*() {
   yield* topics.create(topic, 3)
 
   // Ten checkouts, each in a span of its own; the producer writes each send span's traceparent into its record.
-  yield* Effect.forEach(Array.from({ length: 10 }, (_, i) => i), (i) =>
-    Producer.send({ topic, key: `customer-${i % 4}`, value: `order-${i}` }).pipe(
-      Effect.withSpan("checkout", { attributes: { "order.id": `order-${i}` } })
-    )).pipe(Effect.provide(topics.producer({ linger: 0 })))
+  yield* Effect.forEach(
+    Array.from({ length: 10 }, (_, i) => i),
+    (i) =>
+      Producer.send({ topic, key: `customer-${i % 4}`, value: `order-${i}` }).pipe(
+        Effect.withSpan("checkout", { attributes: { "order.id": `order-${i}` } })
+      )
+  ).pipe(Effect.provide(topics.producer({ linger: 0 })))
 
   // Billing handles them; its lag is reported every 100 ms until it is 0 on every partition.
   const billed = yield* Deferred.make<void>()
@@ -65,7 +72,9 @@ const program = Effect.gen(function*() {
   const id = (span: ReadableSpan) => span.spanContext().spanId
   const checkout = finished.find((s) => s.name === "checkout" && s.attributes["order.id"] === "order-3")!
   const send = finished.find((s) => s.name === `send ${topic}` && s.parentSpanContext?.spanId === id(checkout))!
-  const process = finished.find((s) => s.name === `process ${topic}` && s.links.some((l) => l.context.spanId === id(send)))
+  const process = finished.find((s) =>
+    s.name === `process ${topic}` && s.links.some((l) => l.context.spanId === id(send))
+  )
   yield* Console.log(`trace of order-3 (${checkout.spanContext().traceId}):`)
   yield* Console.log(`  checkout                         ${id(checkout)}`)
   yield* Console.log(`  └─ send orders (producer)        ${id(send)}  traceparent in the record's headers`)

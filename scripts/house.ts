@@ -47,7 +47,9 @@ const nameOf = (node: ts.Node, source: ts.SourceFile): string => {
   while (parent && (ts.isCallExpression(parent) || ts.isParenthesizedExpression(parent) || ts.isAsExpression(parent))) {
     parent = parent.parent
   }
-  if (parent && (ts.isVariableDeclaration(parent) || ts.isPropertyAssignment(parent) || ts.isPropertyDeclaration(parent))) {
+  if (
+    parent && (ts.isVariableDeclaration(parent) || ts.isPropertyAssignment(parent) || ts.isPropertyDeclaration(parent))
+  ) {
     return parent.name.getText(source)
   }
   return "(anonymous)"
@@ -75,8 +77,10 @@ const typeOnly = (node: ts.ImportDeclaration | ts.ExportDeclaration): boolean =>
 const importsOf = (source: ts.SourceFile, file: string): Array<{ readonly to: string; readonly types: boolean }> => {
   const found: Array<{ to: string; types: boolean }> = []
   const visit = (node: ts.Node) => {
-    if ((ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) && node.moduleSpecifier &&
-      ts.isStringLiteral(node.moduleSpecifier)) {
+    if (
+      (ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) && node.moduleSpecifier &&
+      ts.isStringLiteral(node.moduleSpecifier)
+    ) {
       const spec = node.moduleSpecifier.text
       if (spec.startsWith(".")) {
         const to = Path.relative(root, Path.resolve(Path.dirname(file), spec.replace(/\.js$/, ".ts")))

@@ -263,7 +263,8 @@ export const encoder = <const S extends RecordSchemas>(
       const encoded: ProducerRecord = {
         topic: record.topic,
         key: (key === undefined ? record.key : yield* key(record.topic, record.key)) as ProducerRecord["key"],
-        value: (value === undefined ? record.value : yield* value(record.topic, record.value)) as ProducerRecord["value"],
+        value:
+          (value === undefined ? record.value : yield* value(record.topic, record.value)) as ProducerRecord["value"],
         headers: (headers === undefined || record.headers === undefined
           ? record.headers
           : yield* headers(record.topic, record.headers)) as ProducerRecord["headers"],

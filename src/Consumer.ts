@@ -322,7 +322,11 @@ export const run = <C extends AnyConfig, E, R, EH = never, RH = never>(
  * `Producer` only then.
  */
 const typed = <C extends AnyConfig, E, EH, R>(
-  effect: Effect.Effect<never, runloop.RunError | HandlerFailed<E> | runloop.RouteError<E> | EH, Driver | CommitPolicy | R>
+  effect: Effect.Effect<
+    never,
+    runloop.RunError | HandlerFailed<E> | runloop.RouteError<E> | EH,
+    Driver | CommitPolicy | R
+  >
 ) => effect as Effect.Effect<never, ConsumerError | Failures<C, E> | EH, Driver | CommitPolicy | Requires<C> | R>
 
 /**
@@ -404,10 +408,14 @@ export const decoded = <const S extends Codec.RecordSchemas, E, R>(
  */
 export const decodedChunk = <const S extends Codec.RecordSchemas, E, R>(
   schemas: S,
-  handler: (records: Chunk.Chunk<Codec.Decoded<S>>, partition: TopicPartition.TopicPartition) => Effect.Effect<void, E, R>
+  handler: (
+    records: Chunk.Chunk<Codec.Decoded<S>>,
+    partition: TopicPartition.TopicPartition
+  ) => Effect.Effect<void, E, R>
 ): Handler<E | DecodeFailed, R | Codec.Context<S>> => {
   const decode = Codec.decoder(schemas)
-  return (records, partition) => Effect.flatMap(Effect.forEach(records, decode), (all) => handler(Chunk.unsafeFromArray(all), partition))
+  return (records, partition) =>
+    Effect.flatMap(Effect.forEach(records, decode), (all) => handler(Chunk.unsafeFromArray(all), partition))
 }
 
 /**
@@ -489,9 +497,7 @@ export const partitions = (
       }
     )
     const fiber = yield* consumer.pipe(
-      Effect.catchAllCause((cause) =>
-        Cause.isInterruptedOnly(cause) ? Effect.void : Deferred.failCause(failed, cause)
-      ),
+      Effect.catchAllCause((cause) => Cause.isInterruptedOnly(cause) ? Effect.void : Deferred.failCause(failed, cause)),
       Effect.forkScoped
     )
     yield* Effect.addFinalizer(() => Fiber.interrupt(fiber))
@@ -520,4 +526,5 @@ export const records = (
  * @since 0.1.0
  * @category utils
  */
-export const toArray = (records: Chunk.Chunk<ConsumerRecord>): ReadonlyArray<ConsumerRecord> => Chunk.toReadonlyArray(records)
+export const toArray = (records: Chunk.Chunk<ConsumerRecord>): ReadonlyArray<ConsumerRecord> =>
+  Chunk.toReadonlyArray(records)

@@ -97,7 +97,9 @@ export const stop: Stop = { _tag: "Stop" }
  * @since 0.1.0
  * @category constructors
  */
-export const deadLetter = (options: { readonly topic: string; readonly maxInARow?: number | undefined }): DeadLetter => ({
+export const deadLetter = (
+  options: { readonly topic: string; readonly maxInARow?: number | undefined }
+): DeadLetter => ({
   _tag: "DeadLetter",
   topic: options.topic,
   maxInARow: options.maxInARow ?? 10
@@ -458,7 +460,9 @@ export const replay = (options: {
       }
     }
     if (foreign > 0) {
-      yield* Effect.logWarning(`${foreign} record(s) of ${options.topic} had no dead-letter headers and were not replayed`)
+      yield* Effect.logWarning(
+        `${foreign} record(s) of ${options.topic} had no dead-letter headers and were not replayed`
+      )
     }
     return { replayed, foreign, removed: Number(removed) }
   }))

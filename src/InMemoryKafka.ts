@@ -17,13 +17,7 @@ import * as broker from "./internal/memory/broker.js"
 import * as operations from "./internal/memory/service.js"
 import * as session from "./internal/memory/session.js"
 import * as producer from "./internal/producer/producer.js"
-import {
-  type CommitFailureReason,
-  InvalidConfig,
-  DriverError,
-  ProduceFailed,
-  TransactionFailed
-} from "./KafkaError.js"
+import { type CommitFailureReason, InvalidConfig, DriverError, ProduceFailed, TransactionFailed } from "./KafkaError.js"
 import type * as OffsetBatch from "./OffsetBatch.js"
 import {
   Producer,
@@ -399,8 +393,11 @@ const transactionClient = (
   transactionTimeout: Duration.Duration
 ): producer.TxnClient => {
   let epoch = -1
-  const write = makeWrite(kafka, resolved, (topic, records) =>
-    kafka.transactionalProduce(transactionalId, epoch, topic, records))
+  const write = makeWrite(
+    kafka,
+    resolved,
+    (topic, records) => kafka.transactionalProduce(transactionalId, epoch, topic, records)
+  )
   return {
     transactionalId,
     init: Effect.map(kafka.initProducer(transactionalId, transactionTimeout), (e) => {

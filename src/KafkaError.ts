@@ -179,7 +179,9 @@ export class PartitionsLost extends Schema.TaggedError<PartitionsLost>()("Partit
   partitions: Schema.Array(Partition)
 }) {
   override get message(): string {
-    return `Partitions ${describe(this.partitions)} were lost without a revoke (the member was evicted) and rejoin is off`
+    return `Partitions ${
+      describe(this.partitions)
+    } were lost without a revoke (the member was evicted) and rejoin is off`
   }
 }
 
@@ -432,5 +434,48 @@ export class TransactionFailed extends Schema.TaggedError<TransactionFailed>()("
     return `Transaction ${this.operation} of producer "${this.transactionalId}" failed (${this.reason})${
       this.detail === undefined ? "" : `: ${this.detail}`
     }`
+  }
+}
+
+/**
+ * The store could not be read or written. `operation` says which call failed; nothing stored is lost.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class OffsetStoreError extends Schema.TaggedError<OffsetStoreError>()("OffsetStoreError", {
+  store: Schema.String,
+  operation: Schema.String,
+  reason: Schema.String,
+  cause: Schema.optional(Schema.Defect)
+}) {
+  override get message(): string {
+    return `Offset store (${this.store}) ${this.operation} failed: ${this.reason}`
+  }
+}
+
+/**
+ * The unit of work belongs to an owner that is no longer the partition's owner: another member claimed the partition
+ * (`OffsetStore.claim`) after this one did, so the unit's owner epoch is not the partition's any more. The unit of
+ * work was rolled back: neither its writes nor its position landed. The member has lost the partition (it is a
+ * zombie: paused, timed out, rebalanced away) and must give it up, not retry.
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class Fenced extends Schema.TaggedError<Fenced>()("Fenced", {
+  groupId: Schema.String,
+  topic: Schema.String,
+  partition: Schema.Number,
+  /** The owner epoch the unit was started with. */
+  epoch: Schema.BigIntFromSelf,
+  /** The partition's owner epoch in the store when the unit tried to commit; `null` when it was never claimed. */
+  currentEpoch: Schema.NullOr(Schema.BigIntFromSelf)
+}) {
+  override get message(): string {
+    return `Fenced on ${this.topic}-${this.partition} (group ${this.groupId}): the unit belongs to owner epoch ${this.epoch}` +
+      ` but the partition ${
+        this.currentEpoch === null ? "was never claimed" : `was claimed by epoch ${this.currentEpoch}`
+      }; another member owns it now`
   }
 }

@@ -372,8 +372,7 @@ export const createTopic = (
   brokers: string | ReadonlyArray<string>,
   topic: string,
   partitions: number
-): Effect.Effect<void, InvalidConfig | DriverError> =>
-  admin.createTopic(brokers, topic, partitions)
+): Effect.Effect<void, InvalidConfig | DriverError> => admin.createTopic(brokers, topic, partitions)
 
 /**
  * Produces records to a topic with acknowledgement from all in-sync replicas, in batches, and waits until all are
@@ -386,8 +385,7 @@ export const produce = (
   brokers: string | ReadonlyArray<string>,
   topic: string,
   records: Iterable<ProduceRecord>
-): Effect.Effect<void, InvalidConfig | DriverError> =>
-  admin.produce(brokers, topic, records)
+): Effect.Effect<void, InvalidConfig | DriverError> => admin.produce(brokers, topic, records)
 
 /**
  * The last stable offset of every partition of a topic: how far a `read_committed` consumer can read (the high
@@ -399,5 +397,4 @@ export const produce = (
 export const endOffsets = (
   brokers: string | ReadonlyArray<string>,
   topic: string
-): Effect.Effect<ReadonlyMap<number, bigint>, InvalidConfig | DriverError> =>
-  admin.endOffsets(brokers, topic)
+): Effect.Effect<ReadonlyMap<number, bigint>, InvalidConfig | DriverError> => admin.endOffsets(brokers, topic)

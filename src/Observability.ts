@@ -142,8 +142,9 @@ export const layer = (options: Options = {}): Layer.Layer<Observability, Invalid
             // A member that owns nothing has no lag to show a later subscriber, and one that ended (its last snapshot
             // owns nothing) reports nothing more: keeping it would grow the map with every restart and rejoin.
             const key = `${snapshot.groupId}\u0000${snapshot.memberId}`
-            if (snapshot.partitions.length === 0) latest.delete(key)
-            else latest.set(key, snapshot)
+            if (snapshot.partitions.length === 0) {
+              latest.delete(key)
+            } else latest.set(key, snapshot)
             return PubSub.publish(snapshots, snapshot)
           })
       }
@@ -219,7 +220,10 @@ export const metrics = {
     "Records per handler call"
   ),
   /** Commits of positions to Kafka that landed (group). */
-  commits: Metric.counter("kafka.consumer.commits", { description: "Commits of positions that landed", incremental: true }),
+  commits: Metric.counter("kafka.consumer.commits", {
+    description: "Commits of positions that landed",
+    incremental: true
+  }),
   /** Seconds per commit to Kafka, retries inside it included (group). */
   commitDuration: Metric.histogram("kafka.consumer.commit.duration", seconds, "Seconds per commit of positions"),
   /**
@@ -236,7 +240,11 @@ export const metrics = {
     incremental: true
   }),
   /** Seconds per unit, the handler inside it included (group, topic, partition; `error.type` when it failed). */
-  unitDuration: Metric.histogram("kafka.consumer.unit.duration", seconds, "Seconds per store unit or Kafka transaction"),
+  unitDuration: Metric.histogram(
+    "kafka.consumer.unit.duration",
+    seconds,
+    "Seconds per store unit or Kafka transaction"
+  ),
   /**
    * Units refused because another member owns the partition now (group, topic, partition): a zombie's late unit. A
    * few during rebalances are the fence at work; a steady rate means members keep stalling past their session.

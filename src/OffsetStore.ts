@@ -8,55 +8,31 @@ import type * as FileSystem from "@effect/platform/FileSystem"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
-import * as Schema from "effect/Schema"
 import * as fileStore from "./internal/store/file.js"
 import * as memoryStore from "./internal/store/memory.js"
-import { OutsideUnit, outsideUnitReason, UnitBuffer } from "./internal/store/unitBuffer.js"
-import type { InvalidConfig } from "./KafkaError.js"
+import type { StoreParts } from "./internal/store/unitBuffer.js"
+import { OutsideUnit, outsideUnitReason, UnitBuffer, unitRunner } from "./internal/store/unitBuffer.js"
+import { Fenced, type InvalidConfig, OffsetStoreError } from "./KafkaError.js"
 import type { TopicPartition } from "./TopicPartition.js"
 
-/**
- * The store could not be read or written. `operation` says which call failed; nothing stored is lost.
- *
- * @since 0.1.0
- * @category errors
- */
-export class OffsetStoreError extends Schema.TaggedError<OffsetStoreError>()("OffsetStoreError", {
-  store: Schema.String,
-  operation: Schema.String,
-  reason: Schema.String,
-  cause: Schema.optional(Schema.Defect)
-}) {
-  override get message(): string {
-    return `Offset store (${this.store}) ${this.operation} failed: ${this.reason}`
-  }
-}
-
-/**
- * The unit of work belongs to an owner that is no longer the partition's owner: another member claimed the partition
- * (`OffsetStore.claim`) after this one did, so the unit's owner epoch is not the partition's any more. The unit of
- * work was rolled back: neither its writes nor its position landed. The member has lost the partition (it is a
- * zombie: paused, timed out, rebalanced away) and must give it up, not retry.
- *
- * @since 0.1.0
- * @category errors
- */
-export class Fenced extends Schema.TaggedError<Fenced>()("Fenced", {
-  groupId: Schema.String,
-  topic: Schema.String,
-  partition: Schema.Number,
-  /** The owner epoch the unit was started with. */
-  epoch: Schema.BigIntFromSelf,
-  /** The partition's owner epoch in the store when the unit tried to commit; `null` when it was never claimed. */
-  currentEpoch: Schema.NullOr(Schema.BigIntFromSelf)
-}) {
-  override get message(): string {
-    return `Fenced on ${this.topic}-${this.partition} (group ${this.groupId}): the unit belongs to owner epoch ${this.epoch}` +
-      ` but the partition ${
-        this.currentEpoch === null ? "was never claimed" : `was claimed by epoch ${this.currentEpoch}`
-      }; another member owns it now`
-  }
-}
+export {
+  /**
+   * A zombie's unit of work was refused: its owner epoch is no longer the partition's. Declared in `KafkaError` with
+   * the library's other errors, and named here too.
+   *
+   * @since 0.1.0
+   * @category errors
+   */
+  Fenced,
+  /**
+   * The store could not be read or written. Declared in `KafkaError` with the library's other errors, and named here
+   * too.
+   *
+   * @since 0.1.0
+   * @category errors
+   */
+  OffsetStoreError
+} from "./KafkaError.js"
 
 /**
  * What a member gets when it claims a partition: its owner epoch, and the stored position (the next offset to read;
@@ -225,6 +201,12 @@ export const results = (
 ): Effect.Effect<ReadonlyArray<unknown>, OffsetStoreError, Results> =>
   Effect.flatMap(Results, (store) => store.read(groupId, partition))
 
+/** The memory and file stores' units of work: each runs with a fresh buffer as its `Transaction`. */
+const runUnit = unitRunner(Transaction)
+
+const storeContext = (parts: StoreParts): Context.Context<OffsetStore | Results> =>
+  Context.make(OffsetStore, parts.store).pipe(Context.add(Results, parts.results))
+
 /**
  * An offset store in memory, with results written through {@link append}. A claim and a unit's check of the owner
  * epoch are each one atomic step, so a unit of an earlier owner either commits before the claim or is fenced; units of
@@ -234,7 +216,7 @@ export const results = (
  * @category layers
  */
 export const layerMemory: Layer.Layer<OffsetStore | Results> = Layer.effectContext(
-  Effect.suspend(() => memoryStore.make)
+  Effect.map(Effect.suspend(() => memoryStore.make(runUnit)), storeContext)
 )
 
 /**
@@ -277,4 +259,4 @@ export const layerMemory: Layer.Layer<OffsetStore | Results> = Layer.effectConte
 export const layerFileSystem = (
   directory: string
 ): Layer.Layer<OffsetStore | Results, InvalidConfig | OffsetStoreError, FileSystem.FileSystem> =>
-  Layer.effectContext(Effect.suspend(() => fileStore.make(directory)))
+  Layer.effectContext(Effect.map(Effect.suspend(() => fileStore.make(directory, runUnit)), storeContext))

@@ -17,7 +17,9 @@ interface Report {
   readonly machine: { readonly nproc: number; readonly node: string }
   readonly results: ReadonlyArray<{
     readonly id: string
-    readonly variants: ReadonlyArray<{ readonly id: string; readonly median: number; readonly samples: ReadonlyArray<number> }>
+    readonly variants: ReadonlyArray<
+      { readonly id: string; readonly median: number; readonly samples: ReadonlyArray<number> }
+    >
     readonly checks: ReadonlyArray<{ readonly name: string; readonly value: number; readonly hit: boolean }>
   }>
   readonly failures: ReadonlyArray<{ readonly benchmark: string; readonly error: string }>
@@ -90,7 +92,9 @@ describe("bench --smoke", () => {
         }
       }
       // The printed table carries the same results.
-      for (const id of ["1. Consumer overhead", "2. Realistic handlers", "3. Exactly-once", "4. In-memory", "5. Memory"]) {
+      for (
+        const id of ["1. Consumer overhead", "2. Realistic handlers", "3. Exactly-once", "4. In-memory", "5. Memory"]
+      ) {
         assert.include(run.stdout, id)
       }
     }), 180_000)

@@ -66,7 +66,11 @@ describe("refused commits", () => {
         let handled = 0
         const fiber = yield* Consumer.run(config, (records) => Effect.sync(() => (handled += Chunk.size(records))))
           .pipe(Effect.provide(policy), Effect.fork)
-        yield* advanceUntil("everything committed", Effect.map(committed, (c) => c["t-0"] === 10n && c["t-1"] === 10n), 20)
+        yield* advanceUntil(
+          "everything committed",
+          Effect.map(committed, (c) => c["t-0"] === 10n && c["t-1"] === 10n),
+          20
+        )
         assert.strictEqual(handled, 20)
         assert.isTrue((yield* Fiber.poll(fiber))._tag === "None")
         yield* Fiber.interrupt(fiber)
@@ -105,7 +109,10 @@ describe("refused commits", () => {
           )
           const [now] = yield* kafka.members("g")
           assert.notStrictEqual(now!.memberId, first!.memberId, "the member did not rejoin")
-          assert.deepStrictEqual([...new Set(handled)].sort((a, b) => Number(a - b)), Array.from({ length: 10 }, (_, i) => BigInt(i)))
+          assert.deepStrictEqual(
+            [...new Set(handled)].sort((a, b) => Number(a - b)),
+            Array.from({ length: 10 }, (_, i) => BigInt(i))
+          )
           yield* Fiber.interrupt(fiber)
         } else {
           yield* advanceUntil("the consumer ends", Effect.map(Fiber.poll(fiber), (p) => p._tag === "Some"), 10)

@@ -19,15 +19,17 @@ const produce = (topic: string, partitions: number, perPartition: number) =>
   Effect.gen(function*() {
     yield* InMemoryKafka.createTopic(topic, partitions)
     for (let p = 0; p < partitions; p++) {
-      yield* InMemoryKafka.produce(topic, Array.from({ length: perPartition }, (_, i) => ({ value: `${p}:${i}`, partition: p })))
+      yield* InMemoryKafka.produce(
+        topic,
+        Array.from({ length: perPartition }, (_, i) => ({ value: `${p}:${i}`, partition: p }))
+      )
     }
   })
 
 const committedTotal = (groupId: string) =>
   Effect.map(InMemoryKafka.committed(groupId), (b) => [...b.positions.values()].reduce((a, x) => a + x, 0n))
 
-const withKafka = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-  Effect.provide(effect, InMemoryKafka.layer())
+const withKafka = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.provide(effect, InMemoryKafka.layer())
 
 const commitAfter = CommitPolicy.commitAfter({ maxBatch: 10, maxInterval: "1 second" })
 
@@ -39,12 +41,15 @@ describe("Consumer", () => {
       // Partition 0's first chunk waits until partition 1 has been handled: with one partition at a time this
       // would never finish.
       const p1Handled = yield* Deferred.make<void>()
-      const fiber = yield* Consumer.run({ groupId: "g", topics: ["order"], maxPollRecords: 10 }, (records, tp) =>
-        Effect.gen(function*() {
-          if (tp.partition === 0) yield* Deferred.await(p1Handled)
-          for (const r of records) seen.get(tp.partition)!.push(r.offset)
-          if (tp.partition === 1) yield* Deferred.succeed(p1Handled, undefined)
-        })).pipe(Effect.provide(commitAfter), Effect.fork)
+      const fiber = yield* Consumer.run(
+        { groupId: "g", topics: ["order"], maxPollRecords: 10 },
+        (records, tp) =>
+          Effect.gen(function*() {
+            if (tp.partition === 0) yield* Deferred.await(p1Handled)
+            for (const r of records) seen.get(tp.partition)!.push(r.offset)
+            if (tp.partition === 1) yield* Deferred.succeed(p1Handled, undefined)
+          })
+      ).pipe(Effect.provide(commitAfter), Effect.fork)
       yield* settled("all handled", Effect.sync(() => seen.get(0)!.length === 100 && seen.get(1)!.length === 100))
       yield* Fiber.interrupt(fiber)
       for (const offsets of seen.values()) {
@@ -90,10 +95,17 @@ describe("Consumer", () => {
           const committed = yield* InMemoryKafka.committed("g")
           const position = committed.positions.get(`amo-${tp.partition}`) ?? -1n
           const last = Chunk.unsafeLast(records).offset
-          if (position < last + 1n) violations.push(`${tp.partition}@${last}: committed ${position}`)
+          if (position < last + 1n) {
+            violations.push(`${tp.partition}@${last}: committed ${position}`)
+          }
           handled += Chunk.size(records)
         })).pipe(Effect.provide(CommitPolicy.atMostOnce()), Effect.fork)
-      yield* settled("all handled", Effect.sync(() => handled === 100))
+      yield* settled(
+        "all handled",
+        Effect.sync(() =>
+          handled === 100
+        )
+      )
       yield* Fiber.interrupt(fiber)
       assert.deepStrictEqual(violations, [])
     })))
@@ -176,9 +188,17 @@ describe("Consumer", () => {
       let lost = 0
       const fiber = yield* Consumer.run(
         { groupId: "g", topics: ["long"], sessionTimeout: "10 seconds", maxPollRecords: 1 },
-        (records) => Effect.sleep("25 seconds").pipe(Effect.zipRight(Effect.sync(() => (handled += Chunk.size(records)))))
-      , { onRevoke: () => Effect.sync(() => lost++) }).pipe(Effect.provide(commitAfter), Effect.fork)
-      yield* settled("joined", Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.generation("g")).pipe(Effect.flatten, Effect.map((g) => g === 1)))
+        (records) =>
+          Effect.sleep("25 seconds").pipe(Effect.zipRight(Effect.sync(() => (handled += Chunk.size(records))))),
+        { onRevoke: () => Effect.sync(() => lost++) }
+      ).pipe(Effect.provide(commitAfter), Effect.fork)
+      yield* settled(
+        "joined",
+        Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.generation("g")).pipe(
+          Effect.flatten,
+          Effect.map((g) => g === 1)
+        )
+      )
       for (let i = 0; i < 30 && handled < 6; i++) {
         yield* TestClock.adjust("5 seconds")
         yield* Effect.yieldNow()
@@ -204,7 +224,9 @@ describe("Consumer", () => {
           { groupId: "g", topics: ["revoke"], maxPollRecords: 10 },
           (records, tp) =>
             Effect.gen(function*() {
-              if (!owned.has(`${name}-${tp.partition}`)) events.push(`${name} handled ${tp.partition} without owning it`)
+              if (!owned.has(`${name}-${tp.partition}`)) {
+                events.push(`${name} handled ${tp.partition} without owning it`)
+              }
               const list = handledBy.get(name) ?? []
               list.push(...records)
               handledBy.set(name, list)
@@ -239,11 +261,16 @@ describe("Consumer", () => {
       const aLast = handledBy.get("a")!.filter((r) => r.partition === Number(moved)).map((r) => r.offset)
       const aPosition = aLast.length === 0 ? 0n : aLast.reduce((x, y) => (x > y ? x : y)) + 1n
       assert.strictEqual(startedAt.get(`b-${moved}`), aPosition)
-      yield* settled("all handled", Effect.sync(() => (handledBy.get("a")?.length ?? 0) + (handledBy.get("b")?.length ?? 0) >= 400))
+      yield* settled(
+        "all handled",
+        Effect.sync(() => (handledBy.get("a")?.length ?? 0) + (handledBy.get("b")?.length ?? 0) >= 400)
+      )
       yield* Fiber.interrupt(b)
       yield* Fiber.interrupt(a)
       assert.deepStrictEqual(events.filter((e) => e.includes("without owning")), [])
-      const all = [...(handledBy.get("a") ?? []), ...(handledBy.get("b") ?? [])].map((r) => `${r.partition}@${r.offset}`)
+      const all = [...(handledBy.get("a") ?? []), ...(handledBy.get("b") ?? [])].map((r) =>
+        `${r.partition}@${r.offset}`
+      )
       assert.strictEqual(new Set(all).size, 400)
       assert.strictEqual(all.length, 400)
     })))
@@ -253,14 +280,16 @@ describe("Consumer", () => {
       yield* produce("leaving", 2, 30)
       let leaving = false
       let handled = 0
-      const fiber = yield* Consumer.run({ groupId: "g", topics: ["leaving"], maxPollRecords: 10 }, (records) =>
-        Effect.sync(() => (handled += Chunk.size(records)))).pipe(
-          Effect.provide(Layer.merge(
-            CommitPolicy.commitAfter({ maxBatch: 1_000, maxInterval: "1 hour" }),
-            InMemoryKafka.layerFaults((point) => leaving && point === "beforeCommit")
-          )),
-          Effect.fork
-        )
+      const fiber = yield* Consumer.run(
+        { groupId: "g", topics: ["leaving"], maxPollRecords: 10 },
+        (records) => Effect.sync(() => (handled += Chunk.size(records)))
+      ).pipe(
+        Effect.provide(Layer.merge(
+          CommitPolicy.commitAfter({ maxBatch: 1_000, maxInterval: "1 hour" }),
+          InMemoryKafka.layerFaults((point) => leaving && point === "beforeCommit")
+        )),
+        Effect.fork
+      )
       yield* settled("all handled", Effect.sync(() => handled === 60))
       // The clean leave revokes and commits; the member dies right before that commit. No deadline has to pass
       // (the TestClock never moves here): the shutdown ends as soon as the crash happens.
@@ -292,7 +321,10 @@ describe("Consumer", () => {
         Effect.fork
       )
       yield* settled("streams ended", Effect.sync(() => ended.length >= 2))
-      yield* settled("rebalanced", Effect.map(kafka.members("g"), (ms) => ms.length === 2 && ms.every((m) => m.partitions.length === 1)))
+      yield* settled(
+        "rebalanced",
+        Effect.map(kafka.members("g"), (ms) => ms.length === 2 && ms.every((m) => m.partitions.length === 1))
+      )
       yield* Fiber.interrupt(other)
       yield* Fiber.interrupt(fiber)
       assert.sameMembers(ended.slice(0, 2), [0, 1])
@@ -377,5 +409,6 @@ describe("Consumer configuration", () => {
 import * as Stream from "effect/Stream"
 const Stream_runForEach = <A, E, R>(f: (a: A) => Effect.Effect<void, E, R>) => <E2, R2>(s: Stream.Stream<A, E2, R2>) =>
   Stream.runForEach(s, f)
-const Stream_runForEachConcurrent = <A, E, R>(f: (a: A) => Effect.Effect<void, E, R>) =>
-<E2, R2>(s: Stream.Stream<A, E2, R2>) => Stream.runDrain(Stream.mapEffect(s, f, { concurrency: "unbounded" }))
+const Stream_runForEachConcurrent =
+  <A, E, R>(f: (a: A) => Effect.Effect<void, E, R>) => <E2, R2>(s: Stream.Stream<A, E2, R2>) =>
+    Stream.runDrain(Stream.mapEffect(s, f, { concurrency: "unbounded" }))

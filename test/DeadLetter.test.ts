@@ -195,7 +195,9 @@ describe("the dead-letter route", () => {
             return Effect.void
           }))
       )
-      const fiber = yield* Effect.fork(Effect.provide(consumer, CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })))
+      const fiber = yield* Effect.fork(
+        Effect.provide(consumer, CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" }))
+      )
       yield* waitFor("the good records", () => handled.length === produced - poisonOffsets.length)
       yield* untilCommitted(produced)
       yield* Fiber.interrupt(fiber)
@@ -232,10 +234,16 @@ describe("the dead-letter route", () => {
     Effect.gen(function*() {
       yield* seed
       const fiber = yield* Effect.fork(
-        Consumer.runEach({ ...settings, retry: Schedule.recurs(0) }, Consumer.decoded({ value: Codec.json(Order) }, (record) =>
-          record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void)).pipe(
-            Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" }))
+        Consumer.runEach(
+          { ...settings, retry: Schedule.recurs(0) },
+          Consumer.decoded(
+            { value: Codec.json(Order) },
+            (record) =>
+              record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void
           )
+        ).pipe(
+          Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" }))
+        )
       )
       yield* untilCommitted(produced)
       yield* Fiber.interrupt(fiber)
@@ -245,7 +253,10 @@ describe("the dead-letter route", () => {
       assert.deepStrictEqual(first, { replayed: poisonOffsets.length, foreign: 1, removed: 0 })
       const source0 = (yield* readTopic(source, 1))[0]!
       const back = source0.slice(produced)
-      assert.deepStrictEqual(back.map(valueString), poisonOffsets.map((i) => source0[i]!.value).map((v) => new TextDecoder().decode(v!)))
+      assert.deepStrictEqual(
+        back.map(valueString),
+        poisonOffsets.map((i) => source0[i]!.value).map((v) => new TextDecoder().decode(v!))
+      )
       assert.deepStrictEqual(back.map((r) => Object.keys(r.headers)), poisonOffsets.map(() => ["trace-id"]))
       assert.deepStrictEqual(back.map((r) => textOf(r, "trace-id")), poisonOffsets.map((i) => `t-${i}`))
 
@@ -321,10 +332,13 @@ describe("the dead-letter route", () => {
           const handled: Array<number> = []
           const consumer = yield* Consumer.runEach(
             { ...settings, retry: Schedule.recurs(0) },
-            Consumer.decoded({ key: Codec.string, value: Codec.json(Order) }, (record) =>
-              record.value.item === "refused"
-                ? Effect.fail(new Refused({ id: record.value.id }))
-                : Effect.sync(() => handled.push(record.value.id)))
+            Consumer.decoded(
+              { key: Codec.string, value: Codec.json(Order) },
+              (record) =>
+                record.value.item === "refused"
+                  ? Effect.fail(new Refused({ id: record.value.id }))
+                  : Effect.sync(() => handled.push(record.value.id))
+            )
           ).pipe(
             Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "10 millis" })),
             Effect.flip,
@@ -345,7 +359,10 @@ describe("the dead-letter route", () => {
             )
             yield* Fiber.interrupt(consumer)
           } else {
-            yield* Deferred.fail(gate, new ProduceFailed({ reason: "Other", topic: dlq, detail: "refused by the test" }))
+            yield* Deferred.fail(
+              gate,
+              new ProduceFailed({ reason: "Other", topic: dlq, detail: "refused by the test" })
+            )
             // Whichever comes first: the consumer ends, or a commit passes the refused dead letter.
             for (let turn = 0; (yield* Fiber.poll(consumer))._tag === "None"; turn++) {
               assert.strictEqual(yield* committed, undefined, "committed past a dead letter that was refused")
@@ -425,14 +442,17 @@ describe("the dead-letter route", () => {
       const fiber = yield* Effect.fork(
         Consumer.run(
           { ...settings, maxPollRecords: 10, retry: Schedule.recurs(1) },
-          Consumer.decodedChunk({ value: Codec.json(Order) }, (records) =>
-            Effect.forEach(records, (record) =>
-              Effect.suspend(() => {
-                calls.set(record.value.id, (calls.get(record.value.id) ?? 0) + 1)
-                return record.value.item === "refused"
-                  ? Effect.fail(new RecordFailed<Refused>({ offset: record.offset, cause: new Refused({ id: 1 }) }))
-                  : Effect.void
-              }), { discard: true }))
+          Consumer.decodedChunk(
+            { value: Codec.json(Order) },
+            (records) =>
+              Effect.forEach(records, (record) =>
+                Effect.suspend(() => {
+                  calls.set(record.value.id, (calls.get(record.value.id) ?? 0) + 1)
+                  return record.value.item === "refused"
+                    ? Effect.fail(new RecordFailed<Refused>({ offset: record.offset, cause: new Refused({ id: 1 }) }))
+                    : Effect.void
+                }), { discard: true })
+          )
         ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })))
       )
       yield* untilCommitted(produced)
@@ -448,7 +468,10 @@ describe("the dead-letter route", () => {
     Effect.gen(function*() {
       yield* InMemoryKafka.createTopic(source, 1)
       yield* InMemoryKafka.createTopic(dlq, 1)
-      yield* InMemoryKafka.produce(source, Array.from({ length: 40 }, (_, i) => ({ value: i % 10 === 5 ? "bad" : "ok" })))
+      yield* InMemoryKafka.produce(
+        source,
+        Array.from({ length: 40 }, (_, i) => ({ value: i % 10 === 5 ? "bad" : "ok" }))
+      )
       const handled: Array<bigint> = []
       const fiber = yield* Effect.fork(
         Consumer.run(
@@ -472,12 +495,15 @@ describe("the dead-letter route", () => {
       const consumer = Consumer.run(
         { ...settings, maxPollRecords: 8, retry: Schedule.recurs(1) },
         // A chunk handler: it writes each record, and fails on a refused one after writing those before it.
-        Consumer.decodedChunk({ value: Codec.json(Order) }, (records) =>
-          Effect.forEach(records, (record) =>
-            Effect.zipRight(
-              OffsetStore.append([record.value.id]),
-              record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void
-            ), { discard: true }))
+        Consumer.decodedChunk(
+          { value: Codec.json(Order) },
+          (records) =>
+            Effect.forEach(records, (record) =>
+              Effect.zipRight(
+                OffsetStore.append([record.value.id]),
+                record.value.item === "refused" ? Effect.fail(new Refused({ id: record.value.id })) : Effect.void
+              ), { discard: true })
+        )
       )
       const fiber = yield* Effect.fork(Effect.provide(consumer, CommitPolicy.transactional()))
       const store = yield* OffsetStore.OffsetStore
@@ -506,13 +532,16 @@ describe("the dead-letter route", () => {
           ))
       )
       const fiber = yield* Effect.fork(
-        Effect.provide(consumer, CommitPolicy.kafkaTransactional().pipe(
-          Layer.provide(InMemoryKafka.layerTransactionalProducers())
-        ))
+        Effect.provide(
+          consumer,
+          CommitPolicy.kafkaTransactional().pipe(
+            Layer.provide(InMemoryKafka.layerTransactionalProducers())
+          )
+        )
       )
       yield* untilCommitted(produced)
       yield* Fiber.interrupt(fiber)
-      const letters = (yield* deadLetters)
+      const letters = yield* deadLetters
       const out = (yield* readTopic(output, 1))[0]!
       const good = Array.from({ length: produced }, (_, i) => String(i)).filter((i) => !poisonous(Number(i)))
       assert.deepStrictEqual(out.map(valueString), good, "the output of a failed attempt was aborted")
@@ -523,11 +552,18 @@ describe("the dead-letter route", () => {
 
   it.effect("a bad route is a InvalidConfig naming it; a partition stream takes no route", () =>
     Effect.gen(function*() {
-      const refused = (config: Consumer.AnyConfig) =>
-        Effect.flip(Consumer.validate(config))
-      const sameTopic = yield* refused({ groupId: "g", topics: [source], onFailure: FailureRoute.deadLetter({ topic: source }) })
+      const refused = (config: Consumer.AnyConfig) => Effect.flip(Consumer.validate(config))
+      const sameTopic = yield* refused({
+        groupId: "g",
+        topics: [source],
+        onFailure: FailureRoute.deadLetter({ topic: source })
+      })
       assert.strictEqual(sameTopic.field, "onFailure.topic")
-      const badName = yield* refused({ groupId: "g", topics: [source], onFailure: FailureRoute.deadLetter({ topic: "a b" }) })
+      const badName = yield* refused({
+        groupId: "g",
+        topics: [source],
+        onFailure: FailureRoute.deadLetter({ topic: "a b" })
+      })
       assert.strictEqual(badName.field, "onFailure.topic")
       const badCircuit = yield* refused({
         groupId: "g",
@@ -594,7 +630,10 @@ describe("retry topics", () => {
     Effect.gen(function*() {
       for (const topic of [source, `${source}-retry-0`, dlq]) yield* InMemoryKafka.createTopic(topic, 1)
       const count = 40
-      yield* InMemoryKafka.produce(source, Array.from({ length: count }, (_, i) => ({ value: String(i), partition: 0 })))
+      yield* InMemoryKafka.produce(
+        source,
+        Array.from({ length: count }, (_, i) => ({ value: String(i), partition: 0 }))
+      )
       const retried: Array<string> = []
       const early: Array<string> = []
       const fiber = yield* Effect.fork(
@@ -634,7 +673,11 @@ describe("retry topics", () => {
       )
       assert.strictEqual(byPartition.field, "onFailure")
       const none = yield* Effect.flip(
-        Consumer.validate({ groupId: "g", topics: [source], onFailure: FailureRoute.retryTopics([], { deadLetter: { topic: dlq } }) })
+        Consumer.validate({
+          groupId: "g",
+          topics: [source],
+          onFailure: FailureRoute.retryTopics([], { deadLetter: { topic: dlq } })
+        })
       )
       assert.strictEqual(none.field, "onFailure.delays")
     }))
@@ -670,7 +713,9 @@ describe("the route in the types", () => {
     // A configuration built apart from the call and typed as Config has no route: no Producer, HandlerFailed only.
     const plain: Consumer.Config = { groupId: "g", topics: [source], maxPollRecords: 10 }
     const stopping = Consumer.runEach(plain, handler)
-    expectTypeOf<Effect.Effect.Error<typeof stopping>>().toEqualTypeOf<Consumer.ConsumerError | HandlerFailed<Refused>>()
+    expectTypeOf<Effect.Effect.Error<typeof stopping>>().toEqualTypeOf<
+      Consumer.ConsumerError | HandlerFailed<Refused>
+    >()
     expectTypeOf<Effect.Effect.Context<typeof stopping>>().toEqualTypeOf<Driver | CommitPolicy.CommitPolicy>()
     // @ts-expect-error a route is part of the type: Config takes none, Config<FailureRoute.DeadLetter> this one
     const _routeInPlainConfig: Consumer.Config = settings

@@ -46,12 +46,15 @@ const pgReady = Effect.tryPromise({
 /** Results written with the store's own transaction, in a plain table with no unique key. */
 const pgSink = (groupId: string): ResultSink<never> => ({
   write: (records) =>
-    Effect.flatMap(PgOffsetStore.sql, (sql) =>
-      Effect.tryPromise(() =>
-        sql`insert into ${sql(resultsTable)} ${
-          sql(Chunk.toReadonlyArray(Chunk.map(records, (r) => ({ group_id: groupId, record: recordKey(r) }))))
-        }`
-      )),
+    Effect.flatMap(
+      PgOffsetStore.sql,
+      (sql) =>
+        Effect.tryPromise(() =>
+          sql`insert into ${sql(resultsTable)} ${
+            sql(Chunk.toReadonlyArray(Chunk.map(records, (r) => ({ group_id: groupId, record: recordKey(r) }))))
+          }`
+        )
+    ),
   read: () =>
     Effect.tryPromise(() => admin`select record from ${admin(resultsTable)} where group_id = ${groupId}`).pipe(
       Effect.map((rows) => rows.map((r) => String(r.record)))
@@ -61,7 +64,8 @@ const pgSink = (groupId: string): ResultSink<never> => ({
 const pgStore = PgOffsetStore.layer({ url, table: offsetsTable, migrate: true })
 
 const exactlyOnce = (outcome: Outcome) => {
-  const text = `${outcome.policy}: results ${outcome.delivered}, lost ${outcome.lost}, duplicated ${outcome.duplicated}, ` +
+  const text =
+    `${outcome.policy}: results ${outcome.delivered}, lost ${outcome.lost}, duplicated ${outcome.duplicated}, ` +
     `crashes ${outcome.crashes}, zombies ${outcome.zombies}, rebalances ${outcome.rebalances}`
   assert.strictEqual(outcome.lost, 0, text)
   assert.strictEqual(outcome.duplicated, 0, text)
@@ -114,38 +118,50 @@ describe("exactly-once end to end on the in-memory broker, with crashes and reba
       exactlyOnce(outcome)
     }).pipe(Effect.scoped, Effect.provide(NodeContext.layer)), { timeout: 120_000 })
 
-  it.live("Postgres store: every record's result is stored exactly once, with no unique key on the results", () =>
-    Effect.gen(function*() {
-      yield* pgReady
-      const groupId = `lab-transactional-103-group`
-      const outcome = yield* runWorkload({ ...workload, seed: 103 }, transactionalPlan(pgSink(groupId)))
-      exactlyOnce(outcome)
-    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))), { timeout: 120_000 })
+  it.live(
+    "Postgres store: every record's result is stored exactly once, with no unique key on the results",
+    () =>
+      Effect.gen(function*() {
+        yield* pgReady
+        const groupId = `lab-transactional-103-group`
+        const outcome = yield* runWorkload({ ...workload, seed: 103 }, transactionalPlan(pgSink(groupId)))
+        exactlyOnce(outcome)
+      }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))),
+    { timeout: 120_000 }
+  )
 
-  it.live("file store, key ordering: units of records finished out of order, each result stored exactly once", () =>
-    Effect.gen(function*() {
-      const fs = yield* FileSystem.FileSystem
-      const dir = yield* fs.makeTempDirectory({ prefix: "eos-key-" })
-      yield* Effect.addFinalizer(() =>
-        fs.remove(dir, { recursive: true }).pipe(Effect.retry({ times: 5 }), Effect.ignore)
-      )
-      const outcome = yield* runWorkload(
-        { ...workload, records: 3_000, seed: 105, ordering: "key", keys: 50, concurrency: 16 },
-        transactionalPlan(appendSink)
-      ).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(dir))))
-      exactlyOnce(outcome)
-    }).pipe(Effect.scoped, Effect.provide(NodeContext.layer)), { timeout: 120_000 })
+  it.live(
+    "file store, key ordering: units of records finished out of order, each result stored exactly once",
+    () =>
+      Effect.gen(function*() {
+        const fs = yield* FileSystem.FileSystem
+        const dir = yield* fs.makeTempDirectory({ prefix: "eos-key-" })
+        yield* Effect.addFinalizer(() =>
+          fs.remove(dir, { recursive: true }).pipe(Effect.retry({ times: 5 }), Effect.ignore)
+        )
+        const outcome = yield* runWorkload(
+          { ...workload, records: 3_000, seed: 105, ordering: "key", keys: 50, concurrency: 16 },
+          transactionalPlan(appendSink)
+        ).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(dir))))
+        exactlyOnce(outcome)
+      }).pipe(Effect.scoped, Effect.provide(NodeContext.layer)),
+    { timeout: 120_000 }
+  )
 
-  it.live("Postgres store, key ordering: units of records finished out of order, each result stored exactly once", () =>
-    Effect.gen(function*() {
-      yield* pgReady
-      const groupId = `lab-transactional-106-group`
-      const outcome = yield* runWorkload(
-        { ...workload, records: 3_000, seed: 106, ordering: "key", keys: 50, concurrency: 16 },
-        transactionalPlan(pgSink(groupId))
-      )
-      exactlyOnce(outcome)
-    }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))), { timeout: 120_000 })
+  it.live(
+    "Postgres store, key ordering: units of records finished out of order, each result stored exactly once",
+    () =>
+      Effect.gen(function*() {
+        yield* pgReady
+        const groupId = `lab-transactional-106-group`
+        const outcome = yield* runWorkload(
+          { ...workload, records: 3_000, seed: 106, ordering: "key", keys: 50, concurrency: 16 },
+          transactionalPlan(pgSink(groupId))
+        )
+        exactlyOnce(outcome)
+      }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), pgStore))),
+    { timeout: 120_000 }
+  )
 })
 
 /**
@@ -273,7 +289,10 @@ describe("a unit fenced while its partition is being revoked", () => {
       yield* Effect.repeatN(Effect.yieldNow(), 1_000)
       yield* TestClock.adjust("5 seconds")
       const positions = store.load(groupId, [{ topic, partition: 0 }, { topic, partition: 1 }])
-      yield* settled("both partitions stored to the end", Effect.map(positions, (p) => p.get(`${topic}-0`) === 10n && p.get(`${topic}-1`) === 10n))
+      yield* settled(
+        "both partitions stored to the end",
+        Effect.map(positions, (p) => p.get(`${topic}-0`) === 10n && p.get(`${topic}-1`) === 10n)
+      )
 
       assert.isTrue((yield* Fiber.poll(a))._tag === "None", "A stopped")
       assert.isTrue((yield* Fiber.poll(b))._tag === "None", "B stopped")
@@ -293,12 +312,17 @@ describe("a unit fenced while its partition is being revoked", () => {
 /** The Postgres sink reading whichever group it is asked about. */
 const pgSinkAny: ResultSink<never> = {
   write: (records) =>
-    Effect.flatMap(PgOffsetStore.sql, (sql) =>
-      Effect.tryPromise(() =>
-        sql`insert into ${sql(resultsTable)} ${
-          sql(Chunk.toReadonlyArray(Chunk.map(records, (r) => ({ group_id: r.topic + "-group", record: recordKey(r) }))))
-        }`
-      )),
+    Effect.flatMap(
+      PgOffsetStore.sql,
+      (sql) =>
+        Effect.tryPromise(() =>
+          sql`insert into ${sql(resultsTable)} ${
+            sql(
+              Chunk.toReadonlyArray(Chunk.map(records, (r) => ({ group_id: r.topic + "-group", record: recordKey(r) })))
+            )
+          }`
+        )
+    ),
   read: (groupId) =>
     Effect.tryPromise(() => admin`select record from ${admin(resultsTable)} where group_id = ${groupId}`).pipe(
       Effect.map((rows) => rows.map((r) => String(r.record)))
@@ -345,8 +369,14 @@ describe("transactional with a position hint for Kafka", () => {
         Effect.fork
       )
       const partitions = [{ topic: "hint", partition: 0 }, { topic: "hint", partition: 1 }]
-      yield* eventually("stored", Effect.map(store.load("g", partitions), (m) => m.get("hint-0") === 20n && m.get("hint-1") === 20n))
-      yield* eventually("hinted", Effect.map(kafka.committed("g"), (m) => m.get("hint-0") === 20n && m.get("hint-1") === 20n))
+      yield* eventually(
+        "stored",
+        Effect.map(store.load("g", partitions), (m) => m.get("hint-0") === 20n && m.get("hint-1") === 20n)
+      )
+      yield* eventually(
+        "hinted",
+        Effect.map(kafka.committed("g"), (m) => m.get("hint-0") === 20n && m.get("hint-1") === 20n)
+      )
       yield* Fiber.interrupt(fiber)
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
 })
@@ -361,13 +391,15 @@ describe("Postgres connections lost while records flow", () => {
       const kafka = yield* InMemoryKafka.InMemoryKafka
       const applicationName = `eos-lost-${run}`
       const client = yield* Effect.acquireRelease(
-        Effect.sync(() => postgres(url, {
+        Effect.sync(() =>
+          postgres(url, {
             onnotice: () => {},
             max: 4,
             // Its backends are ended again and again: see PgOffsetStore's `sql` option.
             fetch_types: false,
             connection: { application_name: applicationName }
-          })),
+          })
+        ),
         (sql) => Effect.promise(() => sql.end({ timeout: 1 }))
       )
       const topic = `lost-${crypto.randomUUID().slice(0, 6)}`
@@ -402,7 +434,8 @@ describe("Postgres connections lost while records flow", () => {
         Effect.flatMap(Fiber.poll(consumer), (exit) =>
           exit._tag === "Some"
             ? Effect.fail(new Error(`the consumer ended: ${String(exit.value)}`))
-            : Effect.map(written, (w) => w >= n))
+            : Effect.map(written, (w) =>
+              w >= n))
 
       // Ten times: once more results have landed, end every backend of the consumer's client.
       let terminated = 0

@@ -102,7 +102,6 @@ const commitRun = (store: Store, epoch: bigint, from: number, count: number) =>
 
 const values = (from: number, count: number) => Array.from({ length: count }, (_, i) => `value-${from + i}`)
 
-
 /**
  * Node's file system, with the calls the store makes done by Node's synchronous calls and counted: the same files and
  * the same atomic `link`, without a round trip to libuv's threads per call (which would make 40,000 units take
@@ -575,70 +574,76 @@ describe("OffsetStore.layerFileSystem", () => {
   const counts = new Map<string, number>()
   // 40,000 units: some 150 compactions, and well under a minute on a slow machine (a test that keeps the worker busy
   // for a minute outlasts vitest's own 60 s timeout on its messages to the runner, which then fails the run).
-  it.live("keeps a partition's files, and what a fresh load or claim reads, bounded over 40,000 units", () =>
-    Effect.gen(function*() {
-      const units = 40_000
-      const fs = yield* FileSystem.FileSystem
-      const directory = yield* tempDirectory
-      const partitionDirectory = `${directory}/g/orders/0`
-      const { store } = yield* open(directory)
-      const epoch = yield* epochOf(store, orders0)
+  it.live(
+    "keeps a partition's files, and what a fresh load or claim reads, bounded over 40,000 units",
+    () =>
+      Effect.gen(function*() {
+        const units = 40_000
+        const fs = yield* FileSystem.FileSystem
+        const directory = yield* tempDirectory
+        const partitionDirectory = `${directory}/g/orders/0`
+        const { store } = yield* open(directory)
+        const epoch = yield* epochOf(store, orders0)
 
-      /** A fresh store's load: how many file system calls it makes, and how long it takes. */
-      const freshLoad = Effect.scoped(Effect.gen(function*() {
-        const reader = yield* open(directory)
-        counts.clear()
+        /** A fresh store's load: how many file system calls it makes, and how long it takes. */
+        const freshLoad = Effect.scoped(Effect.gen(function*() {
+          const reader = yield* open(directory)
+          counts.clear()
+          const started = performance.now()
+          const positions = yield* reader.store.load("g", [orders0])
+          return { position: positions.get("orders-0"), calls: total(counts), ms: performance.now() - started }
+        }))
+
+        let mostEntries = 0
+        let atThousand = { position: undefined as bigint | undefined, calls: 0, ms: 0 }
         const started = performance.now()
-        const positions = yield* reader.store.load("g", [orders0])
-        return { position: positions.get("orders-0"), calls: total(counts), ms: performance.now() - started }
-      }))
-
-      let mostEntries = 0
-      let atThousand = { position: undefined as bigint | undefined, calls: 0, ms: 0 }
-      const started = performance.now()
-      for (let offset = 0; offset < units; offset++) {
-        yield* commitValues(store, orders0, epoch, BigInt(offset + 1), [`value-${offset}`])
-        // Every 97 units, to see the directory at every point between two compactions.
-        if ((offset + 1) % 97 === 0) {
-          mostEntries = Math.max(mostEntries, (yield* fs.readDirectory(partitionDirectory)).length)
+        for (let offset = 0; offset < units; offset++) {
+          yield* commitValues(store, orders0, epoch, BigInt(offset + 1), [`value-${offset}`])
+          // Every 97 units, to see the directory at every point between two compactions.
+          if ((offset + 1) % 97 === 0) {
+            mostEntries = Math.max(mostEntries, (yield* fs.readDirectory(partitionDirectory)).length)
+          }
+          if (offset + 1 === 1000) atThousand = yield* freshLoad
+          // Synchronous file calls: let the event loop turn now and then, so the test worker answers its runner.
+          if ((offset + 1) % 1000 === 0) {
+            yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+          }
         }
-        if (offset + 1 === 1000) atThousand = yield* freshLoad
-        // Synchronous file calls: let the event loop turn now and then, so the test worker answers its runner.
-        if ((offset + 1) % 1000 === 0) yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
-      }
-      const committing = performance.now() - started
-      const atEnd = yield* freshLoad
+        const committing = performance.now() - started
+        const atEnd = yield* freshLoad
 
-      // Directory entries: the segments since the last checkpoint, the checkpoint, the archive directory.
-      assert.isAtMost(mostEntries, compactEvery + 3)
-      assert.strictEqual(atThousand.position, 1000n)
-      assert.strictEqual(atEnd.position, BigInt(units))
-      assert.strictEqual(atEnd.calls, atThousand.calls, "a fresh load makes the same calls at 40,000 units as 1,000")
-      assert.isAtMost(atEnd.calls, 2)
+        // Directory entries: the segments since the last checkpoint, the checkpoint, the archive directory.
+        assert.isAtMost(mostEntries, compactEvery + 3)
+        assert.strictEqual(atThousand.position, 1000n)
+        assert.strictEqual(atEnd.position, BigInt(units))
+        assert.strictEqual(atEnd.calls, atThousand.calls, "a fresh load makes the same calls at 40,000 units as 1,000")
+        assert.isAtMost(atEnd.calls, 2)
 
-      const claimer = yield* open(directory)
-      counts.clear()
-      assert.deepStrictEqual(yield* claimOf(claimer.store, orders0), { epoch: epoch + 1n, position: BigInt(units) })
-      const claimCalls = total(counts)
-      assert.isAtMost(claimCalls, 12)
+        const claimer = yield* open(directory)
+        counts.clear()
+        assert.deepStrictEqual(yield* claimOf(claimer.store, orders0), { epoch: epoch + 1n, position: BigInt(units) })
+        const claimCalls = total(counts)
+        assert.isAtMost(claimCalls, 12)
 
-      const sizes = (names: ReadonlyArray<string>, under: string) =>
-        Effect.forEach(names, (name) => Effect.map(fs.stat(`${under}/${name}`), (info) => Number(info.size)))
-      const segments = yield* segmentNames(partitionDirectory)
-      const segmentBytes = (yield* sizes(segments, partitionDirectory)).reduce((a, b) => a + b, 0)
-      const archives = yield* fs.readDirectory(`${partitionDirectory}/archive`)
-      const archiveBytes = (yield* sizes(archives, `${partitionDirectory}/archive`)).reduce((a, b) => a + b, 0)
-      const results = yield* claimer.results.read("g", orders0)
-      assert.strictEqual(results.length, units)
-      assert.deepStrictEqual([results[0], results[units - 1]], ["value-0", `value-${units - 1}`])
-      yield* Effect.logInfo(
-        `${units} units in ${(committing / 1000).toFixed(1)} s (${(committing / units).toFixed(3)} ms a unit); ` +
-          `at most ${mostEntries} entries in the partition directory; now ${segments.length} segments ` +
-          `(${segmentBytes} bytes) and ${archives.length} archives (${archiveBytes} bytes of results); fresh load: ` +
-          `${atThousand.calls} calls, ${atThousand.ms.toFixed(2)} ms at 1,000 units, ${atEnd.calls} calls, ` +
-          `${atEnd.ms.toFixed(2)} ms at ${units}; fresh claim at ${units}: ${claimCalls} calls`
-      )
-    }).pipe(Effect.scoped, Effect.provide(countingFileSystem(counts))), 240_000)
+        const sizes = (names: ReadonlyArray<string>, under: string) =>
+          Effect.forEach(names, (name) => Effect.map(fs.stat(`${under}/${name}`), (info) => Number(info.size)))
+        const segments = yield* segmentNames(partitionDirectory)
+        const segmentBytes = (yield* sizes(segments, partitionDirectory)).reduce((a, b) => a + b, 0)
+        const archives = yield* fs.readDirectory(`${partitionDirectory}/archive`)
+        const archiveBytes = (yield* sizes(archives, `${partitionDirectory}/archive`)).reduce((a, b) => a + b, 0)
+        const results = yield* claimer.results.read("g", orders0)
+        assert.strictEqual(results.length, units)
+        assert.deepStrictEqual([results[0], results[units - 1]], ["value-0", `value-${units - 1}`])
+        yield* Effect.logInfo(
+          `${units} units in ${(committing / 1000).toFixed(1)} s (${(committing / units).toFixed(3)} ms a unit); ` +
+            `at most ${mostEntries} entries in the partition directory; now ${segments.length} segments ` +
+            `(${segmentBytes} bytes) and ${archives.length} archives (${archiveBytes} bytes of results); fresh load: ` +
+            `${atThousand.calls} calls, ${atThousand.ms.toFixed(2)} ms at 1,000 units, ${atEnd.calls} calls, ` +
+            `${atEnd.ms.toFixed(2)} ms at ${units}; fresh claim at ${units}: ${claimCalls} calls`
+        )
+      }).pipe(Effect.scoped, Effect.provide(countingFileSystem(counts))),
+    240_000
+  )
 
   it.scoped("refuses an empty directory name before touching the file system", () =>
     Effect.gen(function*() {

@@ -1,12 +1,12 @@
 import * as PlatformError from "@effect/platform/Error"
 import * as FileSystem from "@effect/platform/FileSystem"
 import { assert, describe, it } from "@effect/vitest"
-import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
 import * as fileStore from "../src/internal/store/file.js"
+import { unitRunner } from "../src/internal/store/unitBuffer.js"
 import { advance, type Range } from "../src/internal/consumer/progress.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as TopicPartition from "../src/TopicPartition.js"
@@ -100,8 +100,10 @@ describe("CrashDisk", () => {
       yield* fs.rename("/d/other", "/d/renamed")
 
       const names = (entries: Entries) =>
-        Effect.map(disk.reboot({ entries, tear: () => ({ _tag: "Old" }) }).fileSystem.readDirectory("/d"), (found) =>
-          found.sort())
+        Effect.map(
+          disk.reboot({ entries, tear: () => ({ _tag: "Old" }) }).fileSystem.readDirectory("/d"),
+          (found) => found.sort()
+        )
       assert.deepStrictEqual(yield* names("kept"), ["linked", "renamed"])
       // Nothing synced /d since it was made: none of its entries is sure.
       assert.deepStrictEqual(yield* names("synced"), [])
@@ -222,17 +224,15 @@ const plan = (() => {
 })()
 
 const show = (state: State) =>
-  JSON.stringify([...state].sort(([a], [b]) => a.localeCompare(b)), (_, value) =>
-    typeof value === "bigint" ? `${value}n` : value)
+  JSON.stringify(
+    [...state].sort(([a], [b]) => a.localeCompare(b)),
+    (_, value) => typeof value === "bigint" ? `${value}n` : value
+  )
 
 const quiet = Logger.withMinimumLogLevel(LogLevel.None)
 
 const openStore = (disk: CrashDisk) =>
-  fileStore.make(ROOT, { compactEvery: COMPACT_EVERY }).pipe(
-    Effect.map((context) => ({
-      store: Context.get(context, OffsetStore.OffsetStore),
-      results: Context.get(context, OffsetStore.Results)
-    })),
+  fileStore.make(ROOT, unitRunner(OffsetStore.Transaction), { compactEvery: COMPACT_EVERY }).pipe(
     Effect.provideService(FileSystem.FileSystem, disk.fileSystem)
   )
 

@@ -33,10 +33,17 @@ const positionsOf = (
   policy: PolicyName,
   groupId: string,
   topics: ReadonlyArray<readonly [string, number]>
-): Effect.Effect<ReadonlyMap<string, bigint>, OffsetStore.OffsetStoreError, InMemoryKafka.InMemoryKafka | OffsetStore.OffsetStore> =>
+): Effect.Effect<
+  ReadonlyMap<string, bigint>,
+  OffsetStore.OffsetStoreError,
+  InMemoryKafka.InMemoryKafka | OffsetStore.OffsetStore
+> =>
   policy === "transactional"
     ? Effect.flatMap(OffsetStore.OffsetStore, (store) =>
-      store.load(groupId, topics.flatMap(([topic, n]) => Array.from({ length: n }, (_, partition) => ({ topic, partition })))))
+      store.load(
+        groupId,
+        topics.flatMap(([topic, n]) => Array.from({ length: n }, (_, partition) => ({ topic, partition })))
+      ))
     : Effect.flatMap(InMemoryKafka.InMemoryKafka, (kafka) => kafka.committed(groupId))
 
 /** The in-memory broker with a driver that counts seeks: a consumer that seeks again and again is stuck in a loop. */
@@ -61,7 +68,8 @@ describe("logs with gaps, under every policy", () => {
           for (const [partition, offset] of written) expected.add(key({ topic, partition, offset }))
         }
         for (let partition = 0; partition < 3; partition++) {
-          const batch = (n: number, tag: string) => Array.from({ length: n }, (_, i) => ({ value: `${tag}${i}`, partition }))
+          const batch = (n: number, tag: string) =>
+            Array.from({ length: n }, (_, i) => ({ value: `${tag}${i}`, partition }))
           visible(yield* kafka.produce("gaps", batch(5, "plain")), "gaps")
           visible(yield* kafka.produceTransaction("gaps", batch(5, "committed"), "commit"), "gaps")
           yield* kafka.produceTransaction("gaps", batch(5, "aborted"), "abort")
@@ -90,7 +98,7 @@ describe("logs with gaps, under every policy", () => {
         ).pipe(Effect.provide(policies[policy]), Effect.fork)
         const ends = new Map<string, bigint>()
         for (const topic of ["gaps", "compacted"]) {
-          (yield* kafka.endOffsets(topic)).forEach((end, partition) => ends.set(`${topic}-${partition}`, end))
+          ;(yield* kafka.endOffsets(topic)).forEach((end, partition) => ends.set(`${topic}-${partition}`, end))
         }
         const atEnd = Effect.map(
           positionsOf(policy, "g", [["gaps", 3], ["compacted", 2]]),
@@ -178,7 +186,13 @@ describe("positions outside the log follow offsetReset", () => {
       assert.instanceOf(error, OffsetOutOfRange)
       if (error instanceof OffsetOutOfRange) {
         assert.deepStrictEqual(
-          { topic: error.topic, partition: error.partition, position: error.position, earliest: error.earliest, latest: error.latest },
+          {
+            topic: error.topic,
+            partition: error.partition,
+            position: error.position,
+            earliest: error.earliest,
+            latest: error.latest
+          },
           { topic: "t", partition: 0, position: 10n, earliest: 15n, latest: 30n }
         )
         assert.include(error.message, "t-0")
@@ -189,10 +203,11 @@ describe("positions outside the log follow offsetReset", () => {
   it.effect("none, with nothing committed: OffsetOutOfRange without a position", () =>
     Effect.gen(function*() {
       yield* InMemoryKafka.createTopic("t", 1)
-      const exit = yield* Consumer.run({ groupId: "fresh", topics: ["t"], offsetReset: "none" }, () => Effect.void).pipe(
-        Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "1 second" })),
-        Effect.exit
-      )
+      const exit = yield* Consumer.run({ groupId: "fresh", topics: ["t"], offsetReset: "none" }, () => Effect.void)
+        .pipe(
+          Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "1 second" })),
+          Effect.exit
+        )
       const error = Exit.isFailure(exit) && exit.cause._tag === "Fail" ? exit.cause.error : undefined
       assert.instanceOf(error, OffsetOutOfRange)
       if (error instanceof OffsetOutOfRange) {
@@ -215,7 +230,10 @@ describe("positions outside the log follow offsetReset", () => {
         Effect.sync(() => {
           for (const r of records) handled.push(r.offset)
         })).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
-      yield* settled("the rest stored", Effect.map(store.load("g", [{ topic: "t", partition: 0 }]), (p) => p.get("t-0") === 30n))
+      yield* settled(
+        "the rest stored",
+        Effect.map(store.load("g", [{ topic: "t", partition: 0 }]), (p) => p.get("t-0") === 30n)
+      )
       yield* Fiber.interrupt(fiber)
       assert.deepStrictEqual(handled, Array.from({ length: 15 }, (_, i) => BigInt(15 + i)))
     }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))))
@@ -229,11 +247,14 @@ describe("positions outside the log follow offsetReset", () => {
       const gate = yield* Deferred.make<void>()
       const handled: Array<bigint> = []
       // The first chunk waits; the consumer fetches ahead to its buffer's bound (20 records) and pauses there.
-      const fiber = yield* Consumer.run({ groupId: "g", topics: ["t"], maxPollRecords: 10, bufferSize: 20 }, (records) =>
-        Effect.gen(function*() {
-          if (Chunk.unsafeHead(records).offset === 0n) yield* Deferred.await(gate)
-          for (const r of records) handled.push(r.offset)
-        })).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "1 second" })), Effect.fork)
+      const fiber = yield* Consumer.run(
+        { groupId: "g", topics: ["t"], maxPollRecords: 10, bufferSize: 20 },
+        (records) =>
+          Effect.gen(function*() {
+            if (Chunk.unsafeHead(records).offset === 0n) yield* Deferred.await(gate)
+            for (const r of records) handled.push(r.offset)
+          })
+      ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "1 second" })), Effect.fork)
       const [member] = yield* kafka.members("g").pipe(
         Effect.repeat({ until: (ms) => ms.length === 1 && ms[0]!.partitions.length === 1 })
       )
@@ -247,7 +268,10 @@ describe("positions outside the log follow offsetReset", () => {
         ...Array.from({ length: 20 }, (_, i) => BigInt(i)),
         ...Array.from({ length: 10 }, (_, i) => BigInt(30 + i))
       ])
-      assert.isTrue(logs.lines.some((l) => l.includes("position 20 of t-0 is out of its log (offsets 30 to 40)")), logs.lines.join("\n"))
+      assert.isTrue(
+        logs.lines.some((l) => l.includes("position 20 of t-0 is out of its log (offsets 30 to 40)")),
+        logs.lines.join("\n")
+      )
     }).pipe(Effect.provide(InMemoryKafka.layer()), Effect.provide(logs.layer))
   })
 

@@ -145,20 +145,26 @@ describe("InMemoryKafka on the TestClock", () => {
   it.live("range and round robin assignment spread partitions evenly", () =>
     Effect.gen(function*() {
       for (const assignor of ["range", "roundRobin"] as const) {
-        yield* Effect.scoped(Effect.gen(function*() {
-          const kafka = yield* InMemoryKafka.InMemoryKafka
-          const driver = yield* Driver
-          yield* kafka.createTopic("t", 7)
-          const sessions = [yield* driver.connect(options("a")), yield* driver.connect(options("b")), yield* driver.connect(options("c"))]
-          for (let round = 0; round < 5; round++) {
-            for (const s of sessions) {
-              const events = yield* s.poll
-              for (const e of events) if (e._tag === "Revoked") yield* e.release
+        yield* Effect.scoped(
+          Effect.gen(function*() {
+            const kafka = yield* InMemoryKafka.InMemoryKafka
+            const driver = yield* Driver
+            yield* kafka.createTopic("t", 7)
+            const sessions = [
+              yield* driver.connect(options("a")),
+              yield* driver.connect(options("b")),
+              yield* driver.connect(options("c"))
+            ]
+            for (let round = 0; round < 5; round++) {
+              for (const s of sessions) {
+                const events = yield* s.poll
+                for (const e of events) if (e._tag === "Revoked") yield* e.release
+              }
             }
-          }
-          const members = yield* kafka.members("g")
-          assert.sameMembers(members.map((m) => m.partitions.length), [3, 2, 2], assignor)
-        }).pipe(Effect.provide(InMemoryKafka.layer({ assignor }))))
+            const members = yield* kafka.members("g")
+            assert.sameMembers(members.map((m) => m.partitions.length), [3, 2, 2], assignor)
+          }).pipe(Effect.provide(InMemoryKafka.layer({ assignor })))
+        )
       }
     }))
 

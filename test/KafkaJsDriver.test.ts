@@ -53,64 +53,63 @@ const captureLogs = () => {
  * stays open until `end`. `KafkaJs.endOffsets` reads the last stable offset, which passes the transaction's last
  * record only once its marker is written (the coordinator writes it after EndTxn has answered).
  */
-const openTransaction = (brokers: string): Context.Tag.Service<DriverTestTransactions>["openTransaction"] =>
-(topic, partition, values, offsets) =>
-  Effect.gen(function*() {
-    const producer = yield* Effect.acquireRelease(
-      Effect.tryPromise(async () => {
-        const producer = kafkaClient(brokers).producer({
-          transactionalId: `driver-suite-${crypto.randomUUID()}`,
-          idempotent: true,
-          maxInFlightRequests: 1
-        })
-        await producer.connect()
-        return producer
-      }),
-      (producer) => Effect.promise(() => producer.disconnect().catch(() => undefined))
-    )
-    const txn = yield* Effect.tryPromise(() => producer.transaction())
-    let open = true
-    yield* Effect.addFinalizer(() =>
-      open ? Effect.promise(() => txn.abort().catch(() => undefined)) : Effect.void
-    )
-    let last: bigint | undefined
-    if (values.length > 0) {
-      const sent = yield* Effect.tryPromise(() =>
-        txn.send({ topic, messages: values.map((value) => ({ partition, key: `${partition}`, value })) })
+const openTransaction =
+  (brokers: string): Context.Tag.Service<DriverTestTransactions>["openTransaction"] =>
+  (topic, partition, values, offsets) =>
+    Effect.gen(function*() {
+      const producer = yield* Effect.acquireRelease(
+        Effect.tryPromise(async () => {
+          const producer = kafkaClient(brokers).producer({
+            transactionalId: `driver-suite-${crypto.randomUUID()}`,
+            idempotent: true,
+            maxInFlightRequests: 1
+          })
+          await producer.connect()
+          return producer
+        }),
+        (producer) => Effect.promise(() => producer.disconnect().catch(() => undefined))
       )
-      const base = sent.find((r) => r.partition === partition)?.baseOffset
-      if (base === undefined) {
-        return yield* Effect.fail(new Error(`no offset for the records sent to ${topic}-${partition}`))
+      const txn = yield* Effect.tryPromise(() => producer.transaction())
+      let open = true
+      yield* Effect.addFinalizer(() => open ? Effect.promise(() => txn.abort().catch(() => undefined)) : Effect.void)
+      let last: bigint | undefined
+      if (values.length > 0) {
+        const sent = yield* Effect.tryPromise(() =>
+          txn.send({ topic, messages: values.map((value) => ({ partition, key: `${partition}`, value })) })
+        )
+        const base = sent.find((r) => r.partition === partition)?.baseOffset
+        if (base === undefined) {
+          return yield* Effect.fail(new Error(`no offset for the records sent to ${topic}-${partition}`))
+        }
+        last = BigInt(base) + BigInt(values.length) - 1n
       }
-      last = BigInt(base) + BigInt(values.length) - 1n
-    }
-    if (offsets !== undefined) {
-      yield* Effect.tryPromise(() =>
-        txn.sendOffsets({
-          consumerGroupId: offsets.groupId,
-          topics: [{ topic, partitions: [{ partition: offsets.partition, offset: offsets.next.toString() }] }]
-        })
-      )
-    }
-    const marked = (end: bigint) => last === undefined || end > last
-    return {
-      end: (outcome: "commit" | "abort") =>
-        Effect.gen(function*() {
-          open = false
-          yield* Effect.tryPromise(() => outcome === "commit" ? txn.commit() : txn.abort())
-          const stable = yield* KafkaJs.endOffsets(brokers, topic).pipe(
-            Effect.map((ends) => ends.get(partition) ?? 0n),
-            Effect.repeat({ schedule: Schedule.spaced("20 millis"), until: marked }),
-            Effect.timeoutOption("30 seconds")
-          )
-          if (Option.isNone(stable)) {
-            return yield* Effect.fail(
-              new Error(`${topic}-${partition}: the ${outcome} marker not written in 30 seconds`)
+      if (offsets !== undefined) {
+        yield* Effect.tryPromise(() =>
+          txn.sendOffsets({
+            consumerGroupId: offsets.groupId,
+            topics: [{ topic, partitions: [{ partition: offsets.partition, offset: offsets.next.toString() }] }]
+          })
+        )
+      }
+      const marked = (end: bigint) => last === undefined || end > last
+      return {
+        end: (outcome: "commit" | "abort") =>
+          Effect.gen(function*() {
+            open = false
+            yield* Effect.tryPromise(() => outcome === "commit" ? txn.commit() : txn.abort())
+            const stable = yield* KafkaJs.endOffsets(brokers, topic).pipe(
+              Effect.map((ends) => ends.get(partition) ?? 0n),
+              Effect.repeat({ schedule: Schedule.spaced("20 millis"), until: marked }),
+              Effect.timeoutOption("30 seconds")
             )
-          }
-        })
-    }
-  })
+            if (Option.isNone(stable)) {
+              return yield* Effect.fail(
+                new Error(`${topic}-${partition}: the ${outcome} marker not written in 30 seconds`)
+              )
+            }
+          })
+      }
+    })
 
 if (brokers) {
   driverSuite(
@@ -210,8 +209,7 @@ if (brokers) {
 }
 
 describe("KafkaJs.layer configuration", () => {
-  const configError = (config: KafkaJs.Config) =>
-    Effect.flip(Effect.provide(Driver, KafkaJs.layer(config)))
+  const configError = (config: KafkaJs.Config) => Effect.flip(Effect.provide(Driver, KafkaJs.layer(config)))
 
   it.effect("rejects an empty broker list, naming the field", () =>
     Effect.gen(function*() {
@@ -342,7 +340,8 @@ describe("kafkajs errors, classified", () => {
   // kafkajs's type declarations leave out some constructor arguments its errors take.
   const bailed = (cause: Error): Error => Reflect.construct(KafkaJSNonRetriableError, [cause, { cause }])
   const partitions = [{ topic: "t", partition: 0 }]
-  const coordinatorNotFound = () => Reflect.construct(KafkaJSGroupCoordinatorNotFound, ["Failed to find group coordinator"]) as Error
+  const coordinatorNotFound = () =>
+    Reflect.construct(KafkaJSGroupCoordinatorNotFound, ["Failed to find group coordinator"]) as Error
 
   it("a refused commit gets the reason that decides what happens to its positions", () => {
     const cases: ReadonlyArray<readonly [Error, string]> = [

@@ -20,76 +20,89 @@ import * as Producer from "../src/Producer.js"
 const policy = CommitPolicy.kafkaTransactional().pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers()))
 
 describe("kafkaTransactional on the in-memory broker", () => {
-  it.live("with crashes, rebalances and zombies, the output holds every input record exactly once", () =>
-    Effect.gen(function*() {
-      const outcome = yield* runWorkload({
-        policy: "kafkaTransactional",
-        records: 10_000,
-        partitions: 6,
-        consumers: 3,
-        crashes: 60,
-        crashRate: 0.15,
-        rebalances: true,
-        maxPollRecords: 25,
-        zombies: 3,
-        seed: 111
-      }, kafkaTransactionalPlan)
-      const text = `results ${outcome.delivered}, lost ${outcome.lost}, duplicated ${outcome.duplicated}, ` +
-        `crashes ${outcome.crashes}, zombies ${outcome.zombies}, rebalances ${outcome.rebalances}`
-      assert.strictEqual(outcome.lost, 0, text)
-      assert.strictEqual(outcome.duplicated, 0, text)
-      assert.strictEqual(outcome.delivered, 10_000, text)
-      assert.isAtLeast(outcome.crashes, 50, text)
-      // Zombies whose late transactions the broker must fence: without it, their records would be there twice.
-      assert.isAtLeast(outcome.zombies, 1, text)
-      assert.strictEqual(outcome.rebalances, 3, text)
-    }).pipe(Effect.provide(InMemoryKafka.layer())), { timeout: 120_000 })
+  it.live(
+    "with crashes, rebalances and zombies, the output holds every input record exactly once",
+    () =>
+      Effect.gen(function*() {
+        const outcome = yield* runWorkload({
+          policy: "kafkaTransactional",
+          records: 10_000,
+          partitions: 6,
+          consumers: 3,
+          crashes: 60,
+          crashRate: 0.15,
+          rebalances: true,
+          maxPollRecords: 25,
+          zombies: 3,
+          seed: 111
+        }, kafkaTransactionalPlan)
+        const text = `results ${outcome.delivered}, lost ${outcome.lost}, duplicated ${outcome.duplicated}, ` +
+          `crashes ${outcome.crashes}, zombies ${outcome.zombies}, rebalances ${outcome.rebalances}`
+        assert.strictEqual(outcome.lost, 0, text)
+        assert.strictEqual(outcome.duplicated, 0, text)
+        assert.strictEqual(outcome.delivered, 10_000, text)
+        assert.isAtLeast(outcome.crashes, 50, text)
+        // Zombies whose late transactions the broker must fence: without it, their records would be there twice.
+        assert.isAtLeast(outcome.zombies, 1, text)
+        assert.strictEqual(outcome.rebalances, 3, text)
+      }).pipe(Effect.provide(InMemoryKafka.layer())),
+    { timeout: 120_000 }
+  )
 
-  it.live("a zombie's late transaction is fenced: it ends with TransactionFailed when rejoin is off, and lands nothing", () =>
-    Effect.gen(function*() {
-      const kafka = yield* InMemoryKafka.InMemoryKafka
-      const topic = `zombie-${crypto.randomUUID().slice(0, 6)}`
-      const groupId = `${topic}-group`
-      yield* kafka.createTopic(topic, 1)
-      yield* kafka.createTopic(outputTopic(topic), 1)
-      yield* kafka.produce(topic, Array.from({ length: 20 }, (_, i) => ({ value: String(i) })))
-      const config = { groupId, topics: [topic], maxPollRecords: 5, sessionTimeout: "300 millis" } as const
-      const aInBatch = yield* Deferred.make<void>()
-      const wakeA = yield* Deferred.make<void>()
-      let aBatches = 0
-      const copy = (records: Chunk.Chunk<ConsumerRecord>, by: string) =>
-        Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: `${valueString(r)}`, key: by })))
-      const a = yield* Consumer.run({ ...config, rejoin: false }, (records) =>
-        Effect.gen(function*() {
-          yield* copy(records, "a")
-          aBatches++
-          if (aBatches > 1) return
-          yield* Deferred.succeed(aInBatch, undefined)
-          yield* Deferred.await(wakeA)
-        })).pipe(Effect.provide(policy), Effect.fork)
-      yield* Deferred.await(aInBatch)
-      const aMember = (yield* kafka.members(groupId))[0]!.memberId
-      yield* kafka.freeze(aMember)
-      // B joins once A is evicted, fences A's producer, and copies everything.
-      const b = yield* Consumer.run(config, (records) => copy(records, "b")).pipe(Effect.provide(policy), Effect.fork)
-      const done = Effect.map(kafka.committed(groupId), (c) => c.get(`${topic}-0`) === 20n)
-      // B's producer must have fenced A's and aborted its open transaction, which would hold B's output back.
-      for (let i = 0; i < 2000 && !(yield* done); i++) yield* Effect.sleep("5 millis")
-      assert.isTrue(yield* done, "B committed past A's batch: A's open transaction was aborted when B took over")
-      // A's handler returns while A is still frozen: its transaction goes on to commit before A can poll and learn
-      // that it was evicted.
-      yield* Deferred.succeed(wakeA, undefined)
-      const ended = yield* Effect.flip(Fiber.join(a)).pipe(Effect.timeoutOption("10 seconds"))
-      yield* kafka.thaw(aMember)
-      assert.isTrue(Option.isSome(ended), "A's late transaction was refused, which ended A")
-      const error = Option.getOrThrow(ended)
-      assert.instanceOf(error, TransactionFailed)
-      assert.strictEqual((error as TransactionFailed).reason, "Fenced")
-      yield* Fiber.interrupt(b)
-      const output = yield* readCommitted(outputTopic(topic), 1)
-      assert.deepStrictEqual(output.map(valueString), Array.from({ length: 20 }, (_, i) => String(i)))
-      assert.isTrue(output.every((r) => new TextDecoder().decode(r.key!) === "b"), "nothing of A's transaction landed")
-    }).pipe(Effect.provide(InMemoryKafka.layer())), { timeout: 60_000 })
+  it.live(
+    "a zombie's late transaction is fenced: it ends with TransactionFailed when rejoin is off, and lands nothing",
+    () =>
+      Effect.gen(function*() {
+        const kafka = yield* InMemoryKafka.InMemoryKafka
+        const topic = `zombie-${crypto.randomUUID().slice(0, 6)}`
+        const groupId = `${topic}-group`
+        yield* kafka.createTopic(topic, 1)
+        yield* kafka.createTopic(outputTopic(topic), 1)
+        yield* kafka.produce(topic, Array.from({ length: 20 }, (_, i) => ({ value: String(i) })))
+        const config = { groupId, topics: [topic], maxPollRecords: 5, sessionTimeout: "300 millis" } as const
+        const aInBatch = yield* Deferred.make<void>()
+        const wakeA = yield* Deferred.make<void>()
+        let aBatches = 0
+        const copy = (records: Chunk.Chunk<ConsumerRecord>, by: string) =>
+          Producer.sendAll(
+            Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: `${valueString(r)}`, key: by }))
+          )
+        const a = yield* Consumer.run({ ...config, rejoin: false }, (records) =>
+          Effect.gen(function*() {
+            yield* copy(records, "a")
+            aBatches++
+            if (aBatches > 1) return
+            yield* Deferred.succeed(aInBatch, undefined)
+            yield* Deferred.await(wakeA)
+          })).pipe(Effect.provide(policy), Effect.fork)
+        yield* Deferred.await(aInBatch)
+        const aMember = (yield* kafka.members(groupId))[0]!.memberId
+        yield* kafka.freeze(aMember)
+        // B joins once A is evicted, fences A's producer, and copies everything.
+        const b = yield* Consumer.run(config, (records) => copy(records, "b")).pipe(Effect.provide(policy), Effect.fork)
+        const done = Effect.map(kafka.committed(groupId), (c) => c.get(`${topic}-0`) === 20n)
+        // B's producer must have fenced A's and aborted its open transaction, which would hold B's output back.
+        for (let i = 0; i < 2000 && !(yield* done); i++) yield* Effect.sleep("5 millis")
+        assert.isTrue(yield* done, "B committed past A's batch: A's open transaction was aborted when B took over")
+        // A's handler returns while A is still frozen: its transaction goes on to commit before A can poll and learn
+        // that it was evicted.
+        yield* Deferred.succeed(wakeA, undefined)
+        const ended = yield* Effect.flip(Fiber.join(a)).pipe(Effect.timeoutOption("10 seconds"))
+        yield* kafka.thaw(aMember)
+        assert.isTrue(Option.isSome(ended), "A's late transaction was refused, which ended A")
+        const error = Option.getOrThrow(ended)
+        assert.instanceOf(error, TransactionFailed)
+        assert.strictEqual((error as TransactionFailed).reason, "Fenced")
+        yield* Fiber.interrupt(b)
+        const output = yield* readCommitted(outputTopic(topic), 1)
+        assert.deepStrictEqual(output.map(valueString), Array.from({ length: 20 }, (_, i) => String(i)))
+        assert.isTrue(
+          output.every((r) => new TextDecoder().decode(r.key!) === "b"),
+          "nothing of A's transaction landed"
+        )
+      }).pipe(Effect.provide(InMemoryKafka.layer())),
+    { timeout: 60_000 }
+  )
 
   it.live("a handler that catches a failed send: its transaction cannot commit, and the consumer ends with TransactionFailed (Aborted), nothing of the chunk landed", () =>
     Effect.gen(function*() {
@@ -99,14 +112,19 @@ describe("kafkaTransactional on the in-memory broker", () => {
       yield* kafka.createTopic(topic, 1)
       yield* kafka.createTopic(outputTopic(topic), 1)
       yield* kafka.produce(topic, Array.from({ length: 10 }, (_, i) => ({ value: String(i) })))
-      const failure = yield* Consumer.run({ groupId, topics: [topic], maxPollRecords: 5 }, (records) =>
-        Effect.gen(function*() {
-          yield* Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: `${valueString(r)}` })))
-          // A send to a topic that does not exist, whose failure the handler keeps to itself.
-          if (Chunk.unsafeHead(records).offset === 5n) {
-            yield* Effect.ignore(Producer.send({ topic: `${topic}-missing`, value: "x" }))
-          }
-        })).pipe(Effect.provide(policy), Effect.flip, Effect.timeout("10 seconds"))
+      const failure = yield* Consumer.run(
+        { groupId, topics: [topic], maxPollRecords: 5 },
+        (records) =>
+          Effect.gen(function*() {
+            yield* Producer.sendAll(
+              Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: `${valueString(r)}` }))
+            )
+            // A send to a topic that does not exist, whose failure the handler keeps to itself.
+            if (Chunk.unsafeHead(records).offset === 5n) {
+              yield* Effect.ignore(Producer.send({ topic: `${topic}-missing`, value: "x" }))
+            }
+          })
+      ).pipe(Effect.provide(policy), Effect.flip, Effect.timeout("10 seconds"))
       assert.instanceOf(failure, TransactionFailed)
       assert.strictEqual((failure as TransactionFailed).reason, "Aborted")
       const output = yield* readCommitted(outputTopic(topic), 1)

@@ -14,7 +14,13 @@ import * as Consumer from "../src/Consumer.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as FailureRoute from "../src/FailureRoute.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import { type CircuitOpen, type HandlerFailed, type ProduceFailed, RecordFailed, RecordNotInChunk } from "../src/KafkaError.js"
+import {
+  type CircuitOpen,
+  type HandlerFailed,
+  type ProduceFailed,
+  RecordFailed,
+  RecordNotInChunk
+} from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import { readTopic } from "./producerSuite.js"
 
@@ -96,7 +102,10 @@ describe("a RecordFailed naming a record outside its chunk", () => {
         assert.isAtMost(calls.n, 12)
         assert.deepStrictEqual((yield* readTopic(dlq, 1))[0], [])
         const positions = policy === "transactional"
-          ? yield* Effect.flatMap(OffsetStore.OffsetStore, (store) => store.load("g", [{ topic: source, partition: 0 }]))
+          ? yield* Effect.flatMap(
+            OffsetStore.OffsetStore,
+            (store) => store.load("g", [{ topic: source, partition: 0 }])
+          )
           : (yield* InMemoryKafka.committed("g")).positions
         const position = positions.get(`${source}-0`) ?? 0n
         // atMostOnce committed the chunk before its handler ran, as it always does; every other policy stays before it.
@@ -122,7 +131,10 @@ describe("a RecordFailed naming a record outside its chunk", () => {
       Consumer.ConsumerError | HandlerFailed<RecordFailed<Refused>> | RecordNotInChunk<RecordFailed<Refused>>
     >()
     // A record handler names its record itself: RecordNotInChunk cannot happen.
-    const each = Consumer.runEach(settings, (_: ConsumerRecord) => Effect.fail(new RecordFailed<number>({ offset: 1n, cause: 1 })))
+    const each = Consumer.runEach(
+      settings,
+      (_: ConsumerRecord) => Effect.fail(new RecordFailed<number>({ offset: 1n, cause: 1 }))
+    )
     expectTypeOf<Effect.Effect.Error<typeof each>>().toEqualTypeOf<
       Consumer.ConsumerError | ProduceFailed | CircuitOpen<RecordFailed<number>>
     >()

@@ -85,14 +85,20 @@ describe("Observability: metrics", () => {
         "every record handled and committed",
         Effect.zipWith(
           metricValue("kafka.consumer.handled.records", group),
-          Effect.map(InMemoryKafka.committed(groupId), (batch) =>
-            [...batch.positions.values()].reduce((a, b) => a + b, 0n)),
+          Effect.map(
+            InMemoryKafka.committed(groupId),
+            (batch) => [...batch.positions.values()].reduce((a, b) => a + b, 0n)
+          ),
           (handled, committed) => handled === 300 && committed === 300n
         )
       )
       assert.strictEqual(yield* metricValue("messaging.client.consumed.messages", group), 300)
       for (let p = 0; p < 3; p++) {
-        const labels = { ...group, "messaging.destination.name": topic, "messaging.destination.partition.id": String(p) }
+        const labels = {
+          ...group,
+          "messaging.destination.name": topic,
+          "messaging.destination.partition.id": String(p)
+        }
         assert.strictEqual(yield* metricValue("kafka.consumer.handled.records", labels), 100, `partition ${p}`)
         assert.strictEqual(yield* metricValue("messaging.client.consumed.messages", labels), 100, `partition ${p}`)
       }
@@ -168,7 +174,8 @@ describe("Observability: metrics", () => {
       )
       yield* eventually(
         "the counters caught up",
-        Effect.zipWith(event("assigned"), event("revoked"), (assigned, revoked) => assigned - revoked === 4 && revoked >= 2)
+        Effect.zipWith(event("assigned"), event("revoked"), (assigned, revoked) =>
+          assigned - revoked === 4 && revoked >= 2)
       )
       assert.strictEqual(yield* event("lost"), 0)
       yield* Fiber.interrupt(second)
@@ -186,19 +193,22 @@ describe("Observability: metrics", () => {
       const inUnit = yield* Deferred.make<void>()
       const claimed = yield* Deferred.make<void>()
       let held = false
-      const fiber = yield* Consumer.run({ groupId, topics: [topic], maxPollRecords: 10 }, (records) =>
-        Effect.gen(function*() {
-          // The first unit waits while another owner claims the partition: its commit is then fenced.
-          if (!held) {
-            held = true
-            yield* Deferred.succeed(inUnit, undefined)
-            yield* Deferred.await(claimed)
-          }
-          yield* OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))
-        })).pipe(
-          Effect.provide(CommitPolicy.transactional()),
-          Effect.fork
-        )
+      const fiber = yield* Consumer.run(
+        { groupId, topics: [topic], maxPollRecords: 10 },
+        (records) =>
+          Effect.gen(function*() {
+            // The first unit waits while another owner claims the partition: its commit is then fenced.
+            if (!held) {
+              held = true
+              yield* Deferred.succeed(inUnit, undefined)
+              yield* Deferred.await(claimed)
+            }
+            yield* OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))
+          })
+      ).pipe(
+        Effect.provide(CommitPolicy.transactional()),
+        Effect.fork
+      )
       yield* Deferred.await(inUnit)
       yield* store.claim(groupId, [tp])
       yield* Deferred.succeed(claimed, undefined)
@@ -233,7 +243,10 @@ describe("Observability: metrics", () => {
       assert.strictEqual(yield* metricValue("kafka.producer.sent.bytes", labels), 10 * (21 + 2 + 10 + (11 + 55 + 2)))
       assert.strictEqual(yield* metricValue("messaging.client.operation.duration", labels), 1)
       assert.strictEqual(
-        yield* metricValue("kafka.producer.errors", { "messaging.destination.name": missing, "error.type": "UnknownTopic" }),
+        yield* metricValue("kafka.producer.errors", {
+          "messaging.destination.name": missing,
+          "error.type": "UnknownTopic"
+        }),
         1
       )
       const before = {
@@ -244,7 +257,9 @@ describe("Observability: metrics", () => {
         const context = yield* Layer.build(InMemoryKafka.layerTransactionalProducer({ transactionalId: fresh("tx") }))
         const tx = yield* Effect.provide(Producer.TransactionalProducer, context)
         yield* tx.transaction(Producer.send({ topic, value: "in" }))
-        yield* Effect.flip(tx.transaction(Effect.zipRight(Producer.send({ topic, value: "out" }), Effect.fail(new Boom()))))
+        yield* Effect.flip(
+          tx.transaction(Effect.zipRight(Producer.send({ topic, value: "out" }), Effect.fail(new Boom())))
+        )
       }))
       assert.strictEqual(
         yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "committed" }),
@@ -255,7 +270,9 @@ describe("Observability: metrics", () => {
         before.aborted + 1
       )
     }).pipe(
-      Effect.provide(Layer.merge(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()), observed))
+      Effect.provide(
+        Layer.merge(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()), observed)
+      )
     ))
 
   it.live("without the layer nothing is recorded: no series for the group, no traceparent in the records", () =>
@@ -265,14 +282,20 @@ describe("Observability: metrics", () => {
       yield* InMemoryKafka.createTopic(topic, 1)
       yield* Producer.send({ topic, value: "plain" })
       const seen: Array<ConsumerRecord> = []
-      const fiber = yield* Consumer.runEach({ groupId, topics: [topic] }, (record) => Effect.sync(() => seen.push(record)))
+      const fiber = yield* Consumer.runEach(
+        { groupId, topics: [topic] },
+        (record) => Effect.sync(() => seen.push(record))
+      )
         .pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "20 millis" })), Effect.fork)
       yield* eventually("the record handled", Effect.sync(() => seen.length === 1))
       assert.deepStrictEqual(Object.keys(seen[0]!.headers), [])
       const group = { "messaging.consumer.group.name": groupId }
       assert.strictEqual(yield* metricValue("messaging.client.consumed.messages", group), 0)
       assert.strictEqual(yield* metricValue("kafka.consumer.handled.records", group), 0)
-      assert.strictEqual(yield* metricValue("messaging.client.sent.messages", { "messaging.destination.name": topic }), 0)
+      assert.strictEqual(
+        yield* metricValue("messaging.client.sent.messages", { "messaging.destination.name": topic }),
+        0
+      )
       yield* Fiber.interrupt(fiber)
     }).pipe(Effect.provide(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()))))
 })
@@ -299,7 +322,10 @@ describe("Observability: lag", () => {
       yield* eventually("lag of all 50", Effect.map(latestLag, (p) => Option.isSome(p) && p.value.lag === 50n))
       // The handler is held: its buffer fills, the partition is paused; what is produced meanwhile adds to the lag.
       const paused = { "messaging.consumer.group.name": groupId }
-      yield* eventually("the partition paused", Effect.map(metricValue("kafka.consumer.paused.partitions", paused), (n) => n === 1))
+      yield* eventually(
+        "the partition paused",
+        Effect.map(metricValue("kafka.consumer.paused.partitions", paused), (n) => n === 1)
+      )
       yield* produce(topic, 1, 30, 50)
       yield* eventually("lag of 80", Effect.map(latestLag, (p) => Option.isSome(p) && p.value.lag === 80n))
       const labels = { ...paused, "messaging.destination.name": topic, "messaging.destination.partition.id": "0" }
@@ -329,7 +355,12 @@ describe("Observability: lag", () => {
         yield* produce(topic, 1, 10)
         // A transaction left open on the partition: 5 records past the last stable offset (10).
         const epoch = yield* kafka.initProducer(`${topic}-tx`, "1 hour")
-        yield* kafka.transactionalProduce(`${topic}-tx`, epoch, topic, Array.from({ length: 5 }, () => ({ value: "t" })))
+        yield* kafka.transactionalProduce(
+          `${topic}-tx`,
+          epoch,
+          topic,
+          Array.from({ length: 5 }, () => ({ value: "t" }))
+        )
         const fiber = yield* Consumer.run({ groupId, topics: [topic], isolationLevel }, () => Effect.void).pipe(
           Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "10 millis" })),
           Effect.fork
@@ -340,7 +371,13 @@ describe("Observability: lag", () => {
           Effect.map(InMemoryKafka.committed(groupId), (batch) => batch.positions.get(`${topic}-0`) === reachable)
         )
         const snapshot = yield* nextSnapshot(groupId)
-        assert.deepStrictEqual(snapshot.partitions, [{ topic, partition: 0, position: reachable, latest: reachable, lag: 0n }])
+        assert.deepStrictEqual(snapshot.partitions, [{
+          topic,
+          partition: 0,
+          position: reachable,
+          latest: reachable,
+          lag: 0n
+        }])
         yield* Fiber.interrupt(fiber)
       }).pipe(Effect.provide(Layer.merge(InMemoryKafka.layer(), observed))))
   }
@@ -355,7 +392,10 @@ describe("Observability: lag", () => {
         { groupId, topics: [topic], maxPollRecords: 10 },
         (records) => OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))
       ).pipe(Effect.provide(CommitPolicy.transactional()), Effect.fork)
-      yield* eventually("every record stored", Effect.map(OffsetStore.results(groupId), (stored) => stored.length === 80))
+      yield* eventually(
+        "every record stored",
+        Effect.map(OffsetStore.results(groupId), (stored) => stored.length === 80)
+      )
       const after = yield* nextSnapshot(groupId)
       assert.deepStrictEqual(
         after.partitions.map((p) => [p.partition, p.position, p.lag]).sort(),
@@ -468,7 +508,10 @@ describe("Observability: spans and trace context", () => {
       yield* InMemoryKafka.createTopic(topic, 1)
       yield* Producer.send({ topic, key: "order-1", value: "placed" }).pipe(Effect.withSpan("checkout"))
       const seen: Array<ConsumerRecord> = []
-      const fiber = yield* Consumer.runEach({ groupId, topics: [topic] }, (record) => Effect.sync(() => seen.push(record)))
+      const fiber = yield* Consumer.runEach(
+        { groupId, topics: [topic] },
+        (record) => Effect.sync(() => seen.push(record))
+      )
         .pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "20 millis" })), Effect.fork)
       yield* eventually("the record handled", Effect.sync(() => seen.length === 1))
       yield* eventually("a commit span", Effect.sync(() => tracing.spans.some((s) => s.name === "commit")))
@@ -508,14 +551,18 @@ describe("Observability: spans and trace context", () => {
       const groupId = fresh("g")
       yield* InMemoryKafka.createTopic(topic, 1)
       yield* produce(topic, 1, 5)
-      const fiber = yield* Consumer.run({ groupId, topics: [topic] }, (records) =>
-        OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))).pipe(
-          Effect.provide(CommitPolicy.transactional()),
-          Effect.fork
-        )
+      const fiber = yield* Consumer.run(
+        { groupId, topics: [topic] },
+        (records) => OffsetStore.append(Chunk.toReadonlyArray(records).map((r) => String(r.offset)))
+      ).pipe(
+        Effect.provide(CommitPolicy.transactional()),
+        Effect.fork
+      )
       yield* eventually("stored", Effect.map(OffsetStore.results(groupId), (stored) => stored.length === 5))
-      yield* eventually("the unit span ended", Effect.sync(() =>
-        tracing.spans.some((s) => s.name === `store ${topic}` && s.status._tag === "Ended")))
+      yield* eventually(
+        "the unit span ended",
+        Effect.sync(() => tracing.spans.some((s) => s.name === `store ${topic}` && s.status._tag === "Ended"))
+      )
       const unit = tracing.spans.find((s) => s.name === `store ${topic}`)!
       const chunk = tracing.spans.find((s) => s.spanId === unit.parentSpanId)!
       assert.strictEqual(chunk.name, `process ${topic}`)
@@ -534,14 +581,18 @@ describe("Observability: the policies' own writes", () => {
       yield* InMemoryKafka.createTopic(topic, 1)
       yield* InMemoryKafka.createTopic(output, 1)
       yield* produce(topic, 1, 20)
-      const committedBefore = yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "committed" })
+      const committedBefore = yield* metricValue("kafka.producer.transactions", {
+        "kafka.transaction.outcome": "committed"
+      })
       let chunks = 0
       const fiber = yield* Consumer.run({ groupId, topics: [topic], maxPollRecords: 5 }, (records) =>
         Effect.zipRight(
           Effect.sync(() => chunks++),
           Producer.sendAll(Chunk.toReadonlyArray(records).map((r) => ({ topic: output, value: r.value })))
         )).pipe(
-          Effect.provide(CommitPolicy.kafkaTransactional().pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers()))),
+          Effect.provide(
+            CommitPolicy.kafkaTransactional().pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers()))
+          ),
           Effect.fork
         )
       yield* eventually(
@@ -556,7 +607,10 @@ describe("Observability: the policies' own writes", () => {
         yield* metricValue("kafka.producer.transactions", { "kafka.transaction.outcome": "committed" }),
         committedBefore + chunks
       )
-      assert.strictEqual(yield* metricValue("messaging.client.sent.messages", { "messaging.destination.name": output }), 20)
+      assert.strictEqual(
+        yield* metricValue("messaging.client.sent.messages", { "messaging.destination.name": output }),
+        20
+      )
       const transactions = tracing.spans.filter((s) => s.name === `transaction ${topic}`)
       assert.strictEqual(transactions.length, chunks)
       // The records sent inside a transaction carry the context of their send span, a child of the chunk's.
@@ -587,13 +641,20 @@ describe("Observability: the policies' own writes", () => {
       const group = { "messaging.consumer.group.name": groupId }
       yield* eventually(
         "both poison records routed",
-        Effect.map(metricValue("kafka.consumer.routed.records", { ...group, "messaging.destination.name": dlq }), (n) => n === 2)
+        Effect.map(metricValue("kafka.consumer.routed.records", { ...group, "messaging.destination.name": dlq }), (n) =>
+          n === 2)
       )
-      yield* eventually("all handled", Effect.map(metricValue("kafka.consumer.handled.records", group), (n) => n === 10))
+      yield* eventually(
+        "all handled",
+        Effect.map(metricValue("kafka.consumer.handled.records", group), (n) =>
+          n === 10)
+      )
       assert.strictEqual(yield* metricValue("kafka.consumer.handler.failures", { ...group, "error.type": "Boom" }), 2)
       yield* Fiber.interrupt(fiber)
     }).pipe(
-      Effect.provide(Layer.merge(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()), observed))
+      Effect.provide(
+        Layer.merge(Layer.provideMerge(InMemoryKafka.layerProducer({ linger: 0 }), InMemoryKafka.layer()), observed)
+      )
     ))
 })
 
@@ -646,9 +707,11 @@ describe("trace context: traceparent headers", () => {
       links.map((l) => [l.span.spanId, l.attributes["messaging.kafka.offset"]]),
       [[spanId, "0"], [other, "4"]]
     )
-    assert.strictEqual(linksOf(Array.from({ length: 300 }, (_, i) =>
-      record(i, `00-${traceId}-${i.toString(16).padStart(16, "1")}-01`)
-    )).length, 128)
+    assert.strictEqual(
+      linksOf(Array.from({ length: 300 }, (_, i) => record(i, `00-${traceId}-${i.toString(16).padStart(16, "1")}-01`)))
+        .length,
+      128
+    )
   })
 })
 

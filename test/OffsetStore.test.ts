@@ -146,8 +146,10 @@ describe("OffsetStore.layerMemory", () => {
     next: bigint,
     values: ReadonlyArray<string>
   ) =>
-    Effect.flatMap(OffsetStore.OffsetStore, (store) =>
-      store.commit({ groupId: "g", partition, epoch, next }, OffsetStore.append(values)))
+    Effect.flatMap(
+      OffsetStore.OffsetStore,
+      (store) => store.commit({ groupId: "g", partition, epoch, next }, OffsetStore.append(values))
+    )
 
   it.effect("keeps each unit's results together, in commit order, when units of one owner commit side by side", () =>
     Effect.gen(function*() {

@@ -152,7 +152,11 @@ describe("ordering: key", () => {
       yield* Deferred.succeed(release, undefined)
       yield* settled("all committed", committedAt(20n))
       yield* Fiber.interrupt(fiber)
-      assert.deepStrictEqual(early, [0n, 2n, 4n, 6n, 8n, 10n, 12n, 14n, 16n, 18n], "k1 waits, k0 goes on past the chunk")
+      assert.deepStrictEqual(
+        early,
+        [0n, 2n, 4n, 6n, 8n, 10n, 12n, 14n, 16n, 18n],
+        "k1 waits, k0 goes on past the chunk"
+      )
       assert.strictEqual(gap.positions.get("slow-0"), 1n, "never past the unfinished offset 1")
       assert.deepStrictEqual(
         decodeFinished(1n, gap.metadata?.get("slow-0")),
@@ -188,11 +192,17 @@ describe("ordering: failures", () => {
           Effect.map((exit) => exit._tag === "Failure" ? Cause.failureOption(exit.cause) : Option.none()),
           Effect.map(Option.getOrUndefined)
         )
-        assert.isTrue(error instanceof HandlerFailed && error.offset === 12n && error.cause === "refused", String(error))
+        assert.isTrue(
+          error instanceof HandlerFailed && error.offset === 12n && error.cause === "refused",
+          String(error)
+        )
         // Each retry hands the failing record again: a retry that skipped its chunk would leave it at one attempt.
         assert.strictEqual(attempts.get(12n), 3, "the record was tried once and retried twice")
         const committed = yield* InMemoryKafka.committed("g")
-        assert.isTrue((committed.positions.get("failing-0") ?? 0n) <= 12n, "nothing is committed past the failed record")
+        assert.isTrue(
+          (committed.positions.get("failing-0") ?? 0n) <= 12n,
+          "nothing is committed past the failed record"
+        )
       })))
   }
 })
@@ -234,7 +244,9 @@ describe("ordering: permits", () => {
       const permits = Permits.make(1)
       const order: Array<string> = []
       const hold = yield* Deferred.make<void>()
-      const first = yield* Effect.fork(permits.withPermit(Effect.zipRight(Deferred.await(hold), Effect.sync(() => order.push("first")))))
+      const first = yield* Effect.fork(
+        permits.withPermit(Effect.zipRight(Deferred.await(hold), Effect.sync(() => order.push("first"))))
+      )
       yield* settled("first holds the permit", Effect.sync(() => permits.state().free === 0))
       const waiters = yield* Effect.forEach(
         ["a", "b", "c"],

@@ -456,7 +456,10 @@ describe("PgOffsetStore", () => {
         const store = yield* OffsetStore.OffsetStore
         return yield* refusal(
           "a unit on a table without the finished column",
-          store.commit({ groupId: "billing", partition: orders0, epoch: 3n, next: 42n, finished: [[43n, 44n]] }, Effect.void)
+          store.commit(
+            { groupId: "billing", partition: orders0, epoch: 3n, next: 42n, finished: [[43n, 44n]] },
+            Effect.void
+          )
         )
       }).pipe(Effect.provide(PgOffsetStore.layer({ sql, table: epochTable, retryFor: "1 second" })))
       assert.instanceOf(before, OffsetStore.OffsetStoreError)
@@ -464,7 +467,10 @@ describe("PgOffsetStore", () => {
         const store = yield* OffsetStore.OffsetStore
         const claims = yield* store.claim("billing", [orders0])
         assert.deepStrictEqual(claims.get("orders-0"), { epoch: 4n, position: 42n })
-        yield* store.commit({ groupId: "billing", partition: orders0, epoch: 4n, next: 42n, finished: [[44n, 46n]] }, Effect.void)
+        yield* store.commit(
+          { groupId: "billing", partition: orders0, epoch: 4n, next: 42n, finished: [[44n, 46n]] },
+          Effect.void
+        )
         assert.deepStrictEqual((yield* store.claim("billing", [orders0])).get("orders-0"), {
           epoch: 5n,
           position: 42n,
@@ -842,7 +848,10 @@ describe("PgOffsetStore", () => {
             })
           )
         )
-        assert.match(yield* Deferred.await(outcome), /^refused: TransactionClosed: the unit's connection to Postgres was lost/)
+        assert.match(
+          yield* Deferred.await(outcome),
+          /^refused: TransactionClosed: the unit's connection to Postgres was lost/
+        )
         assert.strictEqual(yield* Ref.get(attempts), 2)
         assert.deepStrictEqual(yield* readResults(groupId, orders0), ["a"])
       }).pipe(Effect.scoped, Effect.provide(suiteLayer)))

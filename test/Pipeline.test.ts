@@ -40,48 +40,51 @@ describe("progress of a partition whose records finish out of order", () => {
   })
 
   it("matches a model for any order of finishing, across compactions", () =>
-    fc.assert(fc.property(
-      fc.array(fc.integer({ min: 1, max: 3 }), { minLength: 1, maxLength: 3000 }),
-      fc.integer({ min: 0, max: 2 ** 31 }),
-      (widths, seed) => {
-        const progress = new Progress(0n)
-        const ranges: Array<[bigint, bigint]> = []
-        let at = 0n
-        for (const w of widths) {
-          ranges.push([at, at + BigInt(w)])
-          at += BigInt(w)
-        }
-        const indexes = ranges.map(([, until]) => progress.add(until, false))
-        // A permutation from the seed.
-        const order = indexes.map((_, i) => i)
-        let x = seed
-        for (let i = order.length - 1; i > 0; i--) {
-          x = (x * 1103515245 + 12345) % 2 ** 31
-          const j = x % (i + 1)
-          ;[order[i], order[j]] = [order[j]!, order[i]!]
-        }
-        const done = new Set<number>()
-        for (const i of order) {
-          progress.finish(indexes[i]!)
-          done.add(i)
-          let first = 0
-          while (done.has(first)) first++
-          const position = first < ranges.length ? ranges[first]![0] : at
-          if (progress.position() !== position) return false
-          if (done.size % 97 !== 0) continue
-          // The finished ranges above the position, merged, as the model sees them.
-          const model: Array<Range> = []
-          for (let k = first; k < ranges.length; k++) {
-            if (!done.has(k)) continue
-            const last = model[model.length - 1]
-            if (last !== undefined && last[1] === ranges[k]![0]) model[model.length - 1] = [last[0], ranges[k]![1]]
-            else model.push(ranges[k]!)
+    fc.assert(
+      fc.property(
+        fc.array(fc.integer({ min: 1, max: 3 }), { minLength: 1, maxLength: 3000 }),
+        fc.integer({ min: 0, max: 2 ** 31 }),
+        (widths, seed) => {
+          const progress = new Progress(0n)
+          const ranges: Array<[bigint, bigint]> = []
+          let at = 0n
+          for (const w of widths) {
+            ranges.push([at, at + BigInt(w)])
+            at += BigInt(w)
           }
-          if (JSON.stringify(progress.finished().map(String)) !== JSON.stringify(model.map(String))) return false
+          const indexes = ranges.map(([, until]) => progress.add(until, false))
+          // A permutation from the seed.
+          const order = indexes.map((_, i) => i)
+          let x = seed
+          for (let i = order.length - 1; i > 0; i--) {
+            x = (x * 1103515245 + 12345) % 2 ** 31
+            const j = x % (i + 1)
+            ;[order[i], order[j]] = [order[j]!, order[i]!]
+          }
+          const done = new Set<number>()
+          for (const i of order) {
+            progress.finish(indexes[i]!)
+            done.add(i)
+            let first = 0
+            while (done.has(first)) first++
+            const position = first < ranges.length ? ranges[first]![0] : at
+            if (progress.position() !== position) return false
+            if (done.size % 97 !== 0) continue
+            // The finished ranges above the position, merged, as the model sees them.
+            const model: Array<Range> = []
+            for (let k = first; k < ranges.length; k++) {
+              if (!done.has(k)) continue
+              const last = model[model.length - 1]
+              if (last !== undefined && last[1] === ranges[k]![0]) model[model.length - 1] = [last[0], ranges[k]![1]]
+              else model.push(ranges[k]!)
+            }
+            if (JSON.stringify(progress.finished().map(String)) !== JSON.stringify(model.map(String))) return false
+          }
+          return progress.position() === at && progress.window === 0
         }
-        return progress.position() === at && progress.window === 0
-      }
-    ), { numRuns: 50 }))
+      ),
+      { numRuns: 50 }
+    ))
 
   it("metadata: finished ranges round-trip; what does not fit is left out, foreign or damaged metadata reads as none", () => {
     const ranges: Array<Range> = [[5n, 6n], [8n, 100n], [1_000_000_000_000n, 1_000_000_000_003n]]
@@ -127,10 +130,13 @@ describe("commitAfter with records finishing out of order", () => {
       let handledA = 0
       const config = { groupId: "g", topics: ["gap"], maxPollRecords: 500, ordering: "key", concurrency: 16 } as const
       // The first member: its slow record never finishes. It is killed, like a process, and never revokes.
-      yield* Consumer.runEach(config, (record) =>
-        text(record.key) === "slow" ? Deferred.await(never) : Effect.sync(() => {
-          handledA++
-        })).pipe(Effect.provide(policy), Effect.forkDaemon)
+      yield* Consumer.runEach(
+        config,
+        (record) =>
+          text(record.key) === "slow" ? Deferred.await(never) : Effect.sync(() => {
+            handledA++
+          })
+      ).pipe(Effect.provide(policy), Effect.forkDaemon)
       yield* settled("every record but the slow one handled", Effect.sync(() => handledA === 2999))
       yield* TestClock.adjust("1 second")
       yield* settled(
@@ -192,7 +198,9 @@ describe("commitAfter with records finishing out of order", () => {
       assert.isAtMost(whilePaused, 200, "at most the window's records finish while the slow one holds it")
       assert.isAtMost(fetched, 210, "fetching paused")
       assert.strictEqual(new Set(handled).size, 1000)
-    })).pipe(Effect.ensuring(Effect.suspend(() => release === undefined ? Effect.void : Deferred.succeed(release, undefined))))
+    })).pipe(
+      Effect.ensuring(Effect.suspend(() => release === undefined ? Effect.void : Deferred.succeed(release, undefined)))
+    )
   })
 })
 
@@ -241,7 +249,11 @@ describe("revoke with records finishing out of order", () => {
       const ownersWhileRevoking = yield* Effect.flatMap(InMemoryKafka.InMemoryKafka, (k) => k.members("g"))
       const handledByBWhileRevoking = handled.filter(([n]) => n.startsWith("b")).length
       yield* Deferred.succeed(gate, undefined)
-      yield* settled("every record handled", Effect.sync(() => new Set(handled.map(([, o]) => o)).size === 100), 1_000_000)
+      yield* settled(
+        "every record handled",
+        Effect.sync(() => new Set(handled.map(([, o]) => o)).size === 100),
+        1_000_000
+      )
       yield* Effect.sleep("100 millis")
       yield* Fiber.interruptAll([a, b])
       assert.deepStrictEqual(whileRevoking.positions, before.positions, "nothing more committed while the revoke waits")

@@ -160,7 +160,9 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
         fake.transport
       )
       const all = yield* Effect.fork(
-        producer.sendAll(Array.from({ length: 10 }, (_, i) => ({ topic: "t", value: new Uint8Array(150), key: `${i}` })))
+        producer.sendAll(
+          Array.from({ length: 10 }, (_, i) => ({ topic: "t", value: new Uint8Array(150), key: `${i}` }))
+        )
       )
       yield* settled("two batches in flight", Effect.sync(() => fake.batches.length === 2))
       for (let i = 0; i < 100; i++) yield* Effect.yieldNow()
@@ -199,7 +201,10 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
       yield* settled("two full batches sent", Effect.sync(() => fake.batches.length === 2))
       yield* TestClock.adjust("1 hour")
       const answer = yield* Fiber.join(all)
-      assert.isTrue(answer._tag === "Left" && answer.left.reason === "RecordTooLarge", "the call fails with the refusal")
+      assert.isTrue(
+        answer._tag === "Left" && answer.left.reason === "RecordTooLarge",
+        "the call fails with the refusal"
+      )
       assert.deepStrictEqual(fake.batches.map((b) => b.map((r) => r.key)), [["0", "1", "2"], ["4", "5", "6"], ["7"]])
       const after = yield* Effect.fork(producer.send({ topic: "t", value: "next" }))
       yield* TestClock.adjust("1 hour")
@@ -270,7 +275,10 @@ describe("batching: linger, batchSize, maxInFlightRequests", () => {
         yield* Effect.yieldNow()
         yield* TestClock.adjust("100 millis")
       }
-      assert.isTrue((yield* Fiber.poll(pending))._tag === "None", "the record in flight is waited for until closeTimeout")
+      assert.isTrue(
+        (yield* Fiber.poll(pending))._tag === "None",
+        "the record in flight is waited for until closeTimeout"
+      )
       for (let i = 0; i < 100 && (yield* Fiber.poll(closing))._tag === "None"; i++) {
         yield* TestClock.adjust("100 millis")
         yield* Effect.yieldNow()
@@ -548,9 +556,13 @@ describe("transactions: one rule for a failed send", () => {
     init: Effect.void,
     begin: Effect.succeed({
       write: (batch) =>
-        Effect.succeed(batch.map((r, i): internal.Written =>
-          r.topic === "missing" ? internal.unknownTopic("missing") : { topic: r.topic, partition: 0, offset: BigInt(i) }
-        )),
+        Effect.succeed(
+          batch.map((r, i): internal.Written =>
+            r.topic === "missing"
+              ? internal.unknownTopic("missing")
+              : { topic: r.topic, partition: 0, offset: BigInt(i) }
+          )
+        ),
       sendOffsets: () => Effect.void,
       commit: Effect.void,
       abort: Effect.void
@@ -562,8 +574,10 @@ describe("transactions: one rule for a failed send", () => {
       const resolved = yield* internal.resolve({ linger: 0, maxRequestSize: 100 })
       const producer = yield* internal.makeTransactional(resolved, okClient())
       for (const refused of [{ topic: "t", value: "x".repeat(200) }, { topic: "missing", value: "x" }]) {
-        const body = Effect.flatMap(ProducerTag, (p) =>
-          Effect.zipRight(p.send({ topic: "t", value: "ok" }), Effect.either(p.send(refused))))
+        const body = Effect.flatMap(
+          ProducerTag,
+          (p) => Effect.zipRight(p.send({ topic: "t", value: "ok" }), Effect.either(p.send(refused)))
+        )
         const result = yield* Effect.either(producer.transaction(body))
         assert.isTrue(
           result._tag === "Left" && result.left._tag === "TransactionFailed" && result.left.reason === "Aborted",

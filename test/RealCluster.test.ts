@@ -120,7 +120,7 @@ const run = (
           key: `key-${n % KEYS}`,
           value: String(n)
         }))))
-        if (result._tag === "Right") for (const n of slice) acknowledged.add(n)
+        if (result._tag === "Right") { for (const n of slice) acknowledged.add(n) }
         else {
           failed += slice.length
           reasons.add(`${result.left.reason} ${result.left.code ?? ""}`.trim())
@@ -203,25 +203,31 @@ const text = (o: Outcome) =>
   `${(o.downMillis / 1000).toFixed(1)} s`
 
 describe("producer durability on a three-node cluster, the leader killed with SIGKILL", () => {
-  it.live("acks all with idempotence loses nothing acknowledged, writes nothing twice, keeps each key's order; acks 1 and 0 measured", () =>
-    Effect.gen(function*() {
-      const { brokers, port } = yield* cluster
-      const safe = yield* run(port, brokers, "acks all, idempotent", { acks: "all", idempotent: true })
-      console.log(`durability ${text(safe)}`)
-      // Every send is acknowledged or fails with a reason, never silently; a failure is printed with its reason.
-      assert.strictEqual(safe.acknowledged + safe.failed, RECORDS, text(safe))
-      assert.isAtLeast(safe.acknowledged, RECORDS / 2, text(safe))
-      assert.strictEqual(safe.lost, 0, text(safe))
-      assert.strictEqual(safe.duplicated, 0, text(safe))
-      assert.strictEqual(safe.outOfOrder, 0, text(safe))
-      for (const [label, settings] of [
-        ["acks 1", { acks: 1, idempotent: false }],
-        ["acks 0", { acks: 0, idempotent: false }]
-      ] as const) {
-        const o = yield* run(port, brokers, label, settings)
-        console.log(`durability ${text(o)}`)
-        // Measured, not asserted: what is lost or repeated depends on where the kill lands.
-        assert.strictEqual(o.sent, RECORDS, text(o))
-      }
-    }).pipe(Effect.scoped, Effect.provide(Layer.empty)), { timeout: 10 * 60_000 })
+  it.live(
+    "acks all with idempotence loses nothing acknowledged, writes nothing twice, keeps each key's order; acks 1 and 0 measured",
+    () =>
+      Effect.gen(function*() {
+        const { brokers, port } = yield* cluster
+        const safe = yield* run(port, brokers, "acks all, idempotent", { acks: "all", idempotent: true })
+        console.log(`durability ${text(safe)}`)
+        // Every send is acknowledged or fails with a reason, never silently; a failure is printed with its reason.
+        assert.strictEqual(safe.acknowledged + safe.failed, RECORDS, text(safe))
+        assert.isAtLeast(safe.acknowledged, RECORDS / 2, text(safe))
+        assert.strictEqual(safe.lost, 0, text(safe))
+        assert.strictEqual(safe.duplicated, 0, text(safe))
+        assert.strictEqual(safe.outOfOrder, 0, text(safe))
+        for (
+          const [label, settings] of [
+            ["acks 1", { acks: 1, idempotent: false }],
+            ["acks 0", { acks: 0, idempotent: false }]
+          ] as const
+        ) {
+          const o = yield* run(port, brokers, label, settings)
+          console.log(`durability ${text(o)}`)
+          // Measured, not asserted: what is lost or repeated depends on where the kill lands.
+          assert.strictEqual(o.sent, RECORDS, text(o))
+        }
+      }).pipe(Effect.scoped, Effect.provide(Layer.empty)),
+    { timeout: 10 * 60_000 }
+  )
 })

@@ -52,89 +52,101 @@ const runAll = (label: string, workload: (policy: RealWorkload["policy"], seed: 
 
 if (brokers) {
   describe("every policy against a real broker, members as processes", () => {
-    it.live("SIGKILL: 3 members on 6 partitions, 20,000 records, 20 kills per policy; all policies at once", () =>
-      Effect.gen(function*() {
-        const outcomes = yield* runAll("SIGKILL", (policy, seed) => ({
-          policy,
-          records: 20_000,
-          partitions: 6,
-          consumers: 3,
-          kills: 20,
-          seed,
-          brokers,
-          databaseUrl
-        }))
-        for (const o of outcomes) {
-          const text = figures("SIGKILL", o)
-          assert.isAtLeast(o.crashes, 20, text)
-          assertGuarantee(o, text)
-        }
-      }), { timeout: 15 * 60_000 })
-
-    it.live("SIGKILL by key: 2,000 keys, concurrency 64, 20 kills and a rebalance under load; commitAfter by key beside commitAfter by partition, transactional by key", () =>
-      Effect.gen(function*() {
-        const base = {
-          records: 20_000,
-          partitions: 6,
-          consumers: 3,
-          kills: 20,
-          rebalances: true,
-          keys: 2_000,
-          brokers,
-          databaseUrl,
-          deadlineMillis: 15 * 60_000
-        } as const
-        const [byPartition, byKey, transactional] = yield* Effect.all([
-          runRealWorkload({ ...base, policy: "commitAfter", seed: 4001 }),
-          runRealWorkload({ ...base, policy: "commitAfter", seed: 4001, ordering: "key", concurrency: 64 }),
-          runRealWorkload({ ...base, policy: "transactional", seed: 4002, ordering: "key", concurrency: 64 })
-        ], { concurrency: "unbounded" })
-        console.log(figures("SIGKILL by partition, keyed records", byPartition!))
-        console.log(figures("SIGKILL by key", byKey!))
-        console.log(figures("SIGKILL by key", transactional!))
-        for (const o of [byPartition!, byKey!, transactional!]) {
-          const text = figures("SIGKILL", o)
-          assert.isAtLeast(o.crashes, 20, text)
-          assertGuarantee(o, text)
-        }
-      }), { timeout: 20 * 60_000 })
-
-    it.live("SIGKILL with dead letters: 10,000 records, 5% poison, 20 kills; commitAfter (straight, and through two retry topics), transactional and kafkaTransactional route every poison record and lose nothing", () =>
-      Effect.gen(function*() {
-        const base = {
-          records: 10_000,
-          partitions: 6,
-          consumers: 3,
-          kills: 20,
-          poisonRate: 0.05,
-          brokers,
-          databaseUrl,
-          deadlineMillis: 12 * 60_000
-        } as const
-        const outcomes = yield* Effect.all([
-          runRealWorkload({ ...base, policy: "commitAfter", seed: 5001 }),
-          runRealWorkload({ ...base, policy: "commitAfter", seed: 5004, retryDelays: [500, 1_000] }),
-          runRealWorkload({ ...base, policy: "transactional", seed: 5002 }),
-          runRealWorkload({ ...base, policy: "kafkaTransactional", seed: 5003 })
-        ], { concurrency: "unbounded" })
-        for (const o of outcomes) {
-          const text = `${figures("SIGKILL with dead letters", o)}, poison ${o.poison}, dead-lettered ` +
-            `${o.deadLettered} (written twice ${o.deadLetterRepeats}), both ${o.handledAndDeadLettered}, ` +
-            `misrouted ${o.misrouted}`
-          console.log(text)
-          assert.isAtLeast(o.crashes, 20, text)
-          assert.strictEqual(o.unexpectedExits, 0, text)
-          assert.isAbove(o.poison, 300, text)
-          assert.strictEqual(o.lost, 0, text)
-          assert.strictEqual(o.deadLettered, o.poison, text)
-          assert.strictEqual(o.misrouted, 0, text)
-          if (o.policy !== "commitAfter") {
-            assert.strictEqual(o.duplicated, 0, text)
-            assert.strictEqual(o.handledAndDeadLettered, 0, text)
-            assert.strictEqual(o.delivered, o.produced - o.poison, text)
+    it.live(
+      "SIGKILL: 3 members on 6 partitions, 20,000 records, 20 kills per policy; all policies at once",
+      () =>
+        Effect.gen(function*() {
+          const outcomes = yield* runAll("SIGKILL", (policy, seed) => ({
+            policy,
+            records: 20_000,
+            partitions: 6,
+            consumers: 3,
+            kills: 20,
+            seed,
+            brokers,
+            databaseUrl
+          }))
+          for (const o of outcomes) {
+            const text = figures("SIGKILL", o)
+            assert.isAtLeast(o.crashes, 20, text)
+            assertGuarantee(o, text)
           }
-        }
-      }), { timeout: 15 * 60_000 })
+        }),
+      { timeout: 15 * 60_000 }
+    )
+
+    it.live(
+      "SIGKILL by key: 2,000 keys, concurrency 64, 20 kills and a rebalance under load; commitAfter by key beside commitAfter by partition, transactional by key",
+      () =>
+        Effect.gen(function*() {
+          const base = {
+            records: 20_000,
+            partitions: 6,
+            consumers: 3,
+            kills: 20,
+            rebalances: true,
+            keys: 2_000,
+            brokers,
+            databaseUrl,
+            deadlineMillis: 15 * 60_000
+          } as const
+          const [byPartition, byKey, transactional] = yield* Effect.all([
+            runRealWorkload({ ...base, policy: "commitAfter", seed: 4001 }),
+            runRealWorkload({ ...base, policy: "commitAfter", seed: 4001, ordering: "key", concurrency: 64 }),
+            runRealWorkload({ ...base, policy: "transactional", seed: 4002, ordering: "key", concurrency: 64 })
+          ], { concurrency: "unbounded" })
+          console.log(figures("SIGKILL by partition, keyed records", byPartition!))
+          console.log(figures("SIGKILL by key", byKey!))
+          console.log(figures("SIGKILL by key", transactional!))
+          for (const o of [byPartition!, byKey!, transactional!]) {
+            const text = figures("SIGKILL", o)
+            assert.isAtLeast(o.crashes, 20, text)
+            assertGuarantee(o, text)
+          }
+        }),
+      { timeout: 20 * 60_000 }
+    )
+
+    it.live(
+      "SIGKILL with dead letters: 10,000 records, 5% poison, 20 kills; commitAfter (straight, and through two retry topics), transactional and kafkaTransactional route every poison record and lose nothing",
+      () =>
+        Effect.gen(function*() {
+          const base = {
+            records: 10_000,
+            partitions: 6,
+            consumers: 3,
+            kills: 20,
+            poisonRate: 0.05,
+            brokers,
+            databaseUrl,
+            deadlineMillis: 12 * 60_000
+          } as const
+          const outcomes = yield* Effect.all([
+            runRealWorkload({ ...base, policy: "commitAfter", seed: 5001 }),
+            runRealWorkload({ ...base, policy: "commitAfter", seed: 5004, retryDelays: [500, 1_000] }),
+            runRealWorkload({ ...base, policy: "transactional", seed: 5002 }),
+            runRealWorkload({ ...base, policy: "kafkaTransactional", seed: 5003 })
+          ], { concurrency: "unbounded" })
+          for (const o of outcomes) {
+            const text = `${figures("SIGKILL with dead letters", o)}, poison ${o.poison}, dead-lettered ` +
+              `${o.deadLettered} (written twice ${o.deadLetterRepeats}), both ${o.handledAndDeadLettered}, ` +
+              `misrouted ${o.misrouted}`
+            console.log(text)
+            assert.isAtLeast(o.crashes, 20, text)
+            assert.strictEqual(o.unexpectedExits, 0, text)
+            assert.isAbove(o.poison, 300, text)
+            assert.strictEqual(o.lost, 0, text)
+            assert.strictEqual(o.deadLettered, o.poison, text)
+            assert.strictEqual(o.misrouted, 0, text)
+            if (o.policy !== "commitAfter") {
+              assert.strictEqual(o.duplicated, 0, text)
+              assert.strictEqual(o.handledAndDeadLettered, 0, text)
+              assert.strictEqual(o.delivered, o.produced - o.poison, text)
+            }
+          }
+        }),
+      { timeout: 15 * 60_000 }
+    )
 
     it.live("rebalance under load: two members join and one leaves while records flow", () =>
       Effect.gen(function*() {
@@ -156,82 +168,98 @@ if (brokers) {
         }
       }), { timeout: 10 * 60_000 })
 
-    it.live("long processing: a chunk slower than the session timeout does not cost the partition", () =>
-      Effect.gen(function*() {
-        const o = yield* longProcessing({ brokers, sessionTimeoutMillis: 6_000, slowBatchMillis: 8_000 })
-        const text = JSON.stringify(o)
-        console.log(`long processing: ${text}`)
-        assert.isAtLeast(o.slowestMillis, 8_000, text)
-        assert.strictEqual(o.assigned, 2, text)
-        assert.strictEqual(o.revoked, 0, text)
-        assert.strictEqual(o.handled, 60, text)
-        assert.strictEqual(o.duplicated, 0, text)
-        assert.strictEqual(o.membersBefore.length, 1, text)
-        assert.deepStrictEqual(o.membersAfter, o.membersBefore, text)
-        assert.strictEqual(o.stateAfter, "Stable", text)
-      }), { timeout: 5 * 60_000 })
+    it.live(
+      "long processing: a chunk slower than the session timeout does not cost the partition",
+      () =>
+        Effect.gen(function*() {
+          const o = yield* longProcessing({ brokers, sessionTimeoutMillis: 6_000, slowBatchMillis: 8_000 })
+          const text = JSON.stringify(o)
+          console.log(`long processing: ${text}`)
+          assert.isAtLeast(o.slowestMillis, 8_000, text)
+          assert.strictEqual(o.assigned, 2, text)
+          assert.strictEqual(o.revoked, 0, text)
+          assert.strictEqual(o.handled, 60, text)
+          assert.strictEqual(o.duplicated, 0, text)
+          assert.strictEqual(o.membersBefore.length, 1, text)
+          assert.deepStrictEqual(o.membersAfter, o.membersBefore, text)
+          assert.strictEqual(o.stateAfter, "Stable", text)
+        }),
+      { timeout: 5 * 60_000 }
+    )
 
-    it.live("the broker killed with SIGKILL mid-stream and back 10 s later: members reconnect without exiting; commitAfter and transactional lose nothing", () =>
-      Effect.gen(function*() {
-        // A broker of the test's own: stopping the shared one would disturb the other tests.
-        const own = yield* broker
-        const records = 8_000
-        const progress = new Map<string, number>()
-        const fibers = yield* Effect.forEach(["commitAfter", "transactional"] as const, (policy, i) =>
-          Effect.fork(runRealWorkload({
+    it.live(
+      "the broker killed with SIGKILL mid-stream and back 10 s later: members reconnect without exiting; commitAfter and transactional lose nothing",
+      () =>
+        Effect.gen(function*() {
+          // A broker of the test's own: stopping the shared one would disturb the other tests.
+          const own = yield* broker
+          const records = 8_000
+          const progress = new Map<string, number>()
+          const fibers = yield* Effect.forEach(["commitAfter", "transactional"] as const, (policy, i) =>
+            Effect.fork(runRealWorkload({
+              policy,
+              records,
+              partitions: 4,
+              consumers: 2,
+              kills: 0,
+              seed: 2000 + i,
+              brokers: own.brokers,
+              databaseUrl,
+              handlerMillis: 200,
+              onProgress: (p) =>
+                progress.set(policy, p.results)
+            })))
+          const least = () =>
+            Math.min(progress.get("commitAfter") ?? 0, progress.get("transactional") ?? 0)
+          // A run that failed is reported by the join below, without waiting here for progress that cannot come.
+          const started = Effect.map(Effect.forEach(fibers, Fiber.poll), (polls) =>
+            least() >= records / 4 || polls.some((p) =>
+              p._tag === "Some"
+            ))
+          yield* eventually("a quarter of the records handled", started, "120 seconds")
+          const handledWhenKilled = Math.max(progress.get("commitAfter") ?? 0, progress.get("transactional") ?? 0)
+          const killedAt = Date.now()
+          yield* own.restart({ signal: "SIGKILL", downMillis: 10_000 })
+          const downMillis = Date.now() - killedAt
+          const outcomes = yield* Fiber.joinAll(fibers)
+          for (const o of outcomes) {
+            const text = `${figures("broker SIGKILL", o)}; ${handledWhenKilled} handled when the broker was killed, ` +
+              `back ${(downMillis / 1000).toFixed(1)} s later`
+            console.log(text)
+            assert.strictEqual(o.lost, 0, text)
+            if (o.policy === "transactional") assert.strictEqual(o.duplicated, 0, text)
+            assert.strictEqual(o.unexpectedExits, 0, text)
+          }
+          // The broker went away while records were still flowing.
+          assert.isBelow(handledWhenKilled, records)
+        }).pipe(Effect.scoped),
+      { timeout: 10 * 60_000 }
+    )
+
+    it.live(
+      "zombies: members paused (SIGSTOP) past their session, then let go on, rejoin without exiting; every policy keeps its guarantee",
+      () =>
+        Effect.gen(function*() {
+          const outcomes = yield* runAll("SIGSTOP", (policy, seed) => ({
             policy,
-            records,
+            records: 8_000,
             partitions: 4,
             consumers: 2,
             kills: 0,
-            seed: 2000 + i,
-            brokers: own.brokers,
-            databaseUrl,
-            handlerMillis: 200,
-            onProgress: (p) => progress.set(policy, p.results)
-          })))
-        const least = () => Math.min(progress.get("commitAfter") ?? 0, progress.get("transactional") ?? 0)
-        // A run that failed is reported by the join below, without waiting here for progress that cannot come.
-        const started = Effect.map(Effect.forEach(fibers, Fiber.poll), (polls) =>
-          least() >= records / 4 || polls.some((p) => p._tag === "Some"))
-        yield* eventually("a quarter of the records handled", started, "120 seconds")
-        const handledWhenKilled = Math.max(progress.get("commitAfter") ?? 0, progress.get("transactional") ?? 0)
-        const killedAt = Date.now()
-        yield* own.restart({ signal: "SIGKILL", downMillis: 10_000 })
-        const downMillis = Date.now() - killedAt
-        const outcomes = yield* Fiber.joinAll(fibers)
-        for (const o of outcomes) {
-          const text = `${figures("broker SIGKILL", o)}; ${handledWhenKilled} handled when the broker was killed, ` +
-            `back ${(downMillis / 1000).toFixed(1)} s later`
-          console.log(text)
-          assert.strictEqual(o.lost, 0, text)
-          if (o.policy === "transactional") assert.strictEqual(o.duplicated, 0, text)
-          assert.strictEqual(o.unexpectedExits, 0, text)
-        }
-        // The broker went away while records were still flowing.
-        assert.isBelow(handledWhenKilled, records)
-      }).pipe(Effect.scoped), { timeout: 10 * 60_000 })
-
-    it.live("zombies: members paused (SIGSTOP) past their session, then let go on, rejoin without exiting; every policy keeps its guarantee", () =>
-      Effect.gen(function*() {
-        const outcomes = yield* runAll("SIGSTOP", (policy, seed) => ({
-          policy,
-          records: 8_000,
-          partitions: 4,
-          consumers: 2,
-          kills: 0,
-          stops: 2,
-          seed: 3000 + seed,
-          brokers,
-          databaseUrl
-        }))
-        for (const o of outcomes) {
-          const text = figures("SIGSTOP", o)
-          assert.strictEqual(o.zombies, 2, text)
-          assert.strictEqual(o.unexpectedExits, 0, text)
-          assertGuarantee(o, text)
-        }
-      }), { timeout: 10 * 60_000 })
+            stops: 2,
+            seed: 3000 + seed,
+            brokers,
+            databaseUrl
+          }))
+          for (const o of outcomes) {
+            const text = figures("SIGSTOP", o)
+            assert.strictEqual(o.zombies, 2, text)
+            assert.strictEqual(o.unexpectedExits, 0, text)
+            assertGuarantee(o, text)
+          }
+        }),
+      { timeout: 10 * 60_000 }
+    )
   })
 } else {
   describe("every policy against a real broker", () => {

@@ -21,7 +21,8 @@ if (brokers) {
   })
   producerSuite(
     "KafkaJs producer",
-    (settings) => KafkaJs.layerProducer({ brokers: list, clientId: "producer-suite", logLevel: "nothing", ...settings }),
+    (settings) =>
+      KafkaJs.layerProducer({ brokers: list, clientId: "producer-suite", logLevel: "nothing", ...settings }),
     (settings) => KafkaJs.layerTransactionalProducer({ brokers: list, logLevel: "nothing", ...settings }),
     () =>
       Layer.merge(
@@ -53,51 +54,59 @@ if (brokers) {
       return topic
     })
 
-    it.live("a request refused for one of its partitions: the other was written, and its failure says the outcome is unknown", () =>
-      Effect.gen(function*() {
-        const small = yield* smallMessagesTopic
-        const normal = `normal-${crypto.randomUUID().slice(0, 8)}`
-        yield* KafkaJs.createTopic(list, normal, 1)
-        // One broker leads both partitions: kafkajs writes both records in one produce request.
-        const [kept, refused] = yield* Effect.all([
-          Effect.flip(Producer.send({ topic: normal, value: "kept" })),
-          Effect.flip(Producer.send({ topic: small, value: new Uint8Array(5_000) }))
-        ], { concurrency: "unbounded" })
-        const normalLog = yield* readTopic(normal, 1)
-        const smallLog = yield* readTopic(small, 1)
-        // What the broker did: wrote the record to normal, refused the one to small.
-        assert.deepStrictEqual(normalLog[0]!.map(valueString), ["kept"])
-        assert.deepStrictEqual(smallLog[0]!, [])
-        // What the producer can say: kafkajs reports MESSAGE_TOO_LARGE for the request, not for which partition.
-        for (const error of [kept, refused]) {
-          assert.strictEqual(error.reason, "OutcomeUnknown", `not said refused: ${error.message}`)
-          assert.match(error.detail ?? "", /^outcome unknown/, error.message)
-          assert.include(error.detail ?? "", "MESSAGE_TOO_LARGE")
-        }
-        // The producer goes on.
-        const after = yield* Producer.send({ topic: normal, value: "after" })
-        assert.strictEqual(after.offset, normalLog[0]![0]!.offset + 1n)
-      }).pipe(
-        Effect.provide(KafkaJs.layerProducer({ brokers: list, logLevel: "nothing", linger: "100 millis" })),
-        Effect.provide(readerLayer),
-        Effect.scoped
-      ), 60_000)
+    it.live(
+      "a request refused for one of its partitions: the other was written, and its failure says the outcome is unknown",
+      () =>
+        Effect.gen(function*() {
+          const small = yield* smallMessagesTopic
+          const normal = `normal-${crypto.randomUUID().slice(0, 8)}`
+          yield* KafkaJs.createTopic(list, normal, 1)
+          // One broker leads both partitions: kafkajs writes both records in one produce request.
+          const [kept, refused] = yield* Effect.all([
+            Effect.flip(Producer.send({ topic: normal, value: "kept" })),
+            Effect.flip(Producer.send({ topic: small, value: new Uint8Array(5_000) }))
+          ], { concurrency: "unbounded" })
+          const normalLog = yield* readTopic(normal, 1)
+          const smallLog = yield* readTopic(small, 1)
+          // What the broker did: wrote the record to normal, refused the one to small.
+          assert.deepStrictEqual(normalLog[0]!.map(valueString), ["kept"])
+          assert.deepStrictEqual(smallLog[0]!, [])
+          // What the producer can say: kafkajs reports MESSAGE_TOO_LARGE for the request, not for which partition.
+          for (const error of [kept, refused]) {
+            assert.strictEqual(error.reason, "OutcomeUnknown", `not said refused: ${error.message}`)
+            assert.match(error.detail ?? "", /^outcome unknown/, error.message)
+            assert.include(error.detail ?? "", "MESSAGE_TOO_LARGE")
+          }
+          // The producer goes on.
+          const after = yield* Producer.send({ topic: normal, value: "after" })
+          assert.strictEqual(after.offset, normalLog[0]![0]!.offset + 1n)
+        }).pipe(
+          Effect.provide(KafkaJs.layerProducer({ brokers: list, logLevel: "nothing", linger: "100 millis" })),
+          Effect.provide(readerLayer),
+          Effect.scoped
+        ),
+      60_000
+    )
 
-    it.live("a record larger than the topic's max.message.bytes fails with RecordTooLarge naming the topic; what was acknowledged stays", () =>
-      Effect.gen(function*() {
-        const topic = yield* smallMessagesTopic
-        const kept = yield* Producer.send({ topic, value: "small" })
-        // Below the producer's maxRequestSize: only the broker can refuse it.
-        const error = yield* Effect.flip(Producer.send({ topic, value: new Uint8Array(5_000) }))
-        assert.strictEqual(error.reason, "RecordTooLarge")
-        assert.strictEqual(error.code, "MESSAGE_TOO_LARGE")
-        assert.include(error.message, topic)
-        const after = yield* Producer.send({ topic, value: "after" })
-        assert.strictEqual(after.offset, kept.offset + 1n)
-      }).pipe(
-        Effect.provide(KafkaJs.layerProducer({ brokers: list, logLevel: "nothing", linger: 0 })),
-        Effect.scoped
-      ), 60_000)
+    it.live(
+      "a record larger than the topic's max.message.bytes fails with RecordTooLarge naming the topic; what was acknowledged stays",
+      () =>
+        Effect.gen(function*() {
+          const topic = yield* smallMessagesTopic
+          const kept = yield* Producer.send({ topic, value: "small" })
+          // Below the producer's maxRequestSize: only the broker can refuse it.
+          const error = yield* Effect.flip(Producer.send({ topic, value: new Uint8Array(5_000) }))
+          assert.strictEqual(error.reason, "RecordTooLarge")
+          assert.strictEqual(error.code, "MESSAGE_TOO_LARGE")
+          assert.include(error.message, topic)
+          const after = yield* Producer.send({ topic, value: "after" })
+          assert.strictEqual(after.offset, kept.offset + 1n)
+        }).pipe(
+          Effect.provide(KafkaJs.layerProducer({ brokers: list, logLevel: "nothing", linger: 0 })),
+          Effect.scoped
+        ),
+      60_000
+    )
   })
 
   describe("KafkaJs producer and the Java client", () => {
@@ -117,8 +126,7 @@ if (brokers) {
         const topic = `java-keys-${crypto.randomUUID().slice(0, 8)}`
         yield* KafkaJs.createTopic(list, topic, 12)
         const keys = Array.from({ length: 300 }, (_, i) =>
-          i % 3 === 0 ? `user-${i}` : i % 3 === 1 ? `ключ-${i}-é` : `${crypto.randomUUID()}${"x".repeat(i % 7)}`
-        )
+          i % 3 === 0 ? `user-${i}` : i % 3 === 1 ? `ключ-${i}-é` : `${crypto.randomUUID()}${"x".repeat(i % 7)}`)
         const java = yield* javaPartitions(topic, keys)
         assert.strictEqual(java.size, keys.length)
         const ours = yield* Producer.sendAll(keys.map((key) => ({ topic, key, value: "typescript" })))

@@ -50,20 +50,24 @@ if (brokers) {
     }).pipe(Effect.provide(KafkaJs.layerProducer({ brokers: list, logLevel: "nothing", linger: 0, ...settings })))
 
   describe("KafkaJs producer: idempotence, as the broker sees it", () => {
-    it.live("an idempotent producer's batches carry its producer id and sequence numbers; a producer that is not, none", () =>
-      Effect.gen(function*() {
-        const idempotent = `idempotent-${crypto.randomUUID().slice(0, 8)}`
-        const plain = `not-idempotent-${crypto.randomUUID().slice(0, 8)}`
-        yield* produce(idempotent, {})
-        yield* produce(plain, { acks: 1, idempotent: false })
-        const states = yield* describeProducers({ [idempotent]: 1, [plain]: 1 })
-        const kept = states.filter((s) => s.topic === idempotent)
-        const none = states.filter((s) => s.topic === plain)
-        assert.strictEqual(kept.length, 1, `one producer id on the partition of the default producer: ${kept.length}`)
-        assert.isTrue(kept[0]!.producerId >= 0n, `a producer id the broker gave: ${kept[0]!.producerId}`)
-        assert.strictEqual(kept[0]!.lastSequence, 11, "the twelve records numbered 0 to 11")
-        assert.deepStrictEqual(none, [], "batches without a producer id leave nothing on the broker")
-      }), 120_000)
+    it.live(
+      "an idempotent producer's batches carry its producer id and sequence numbers; a producer that is not, none",
+      () =>
+        Effect.gen(function*() {
+          const idempotent = `idempotent-${crypto.randomUUID().slice(0, 8)}`
+          const plain = `not-idempotent-${crypto.randomUUID().slice(0, 8)}`
+          yield* produce(idempotent, {})
+          yield* produce(plain, { acks: 1, idempotent: false })
+          const states = yield* describeProducers({ [idempotent]: 1, [plain]: 1 })
+          const kept = states.filter((s) => s.topic === idempotent)
+          const none = states.filter((s) => s.topic === plain)
+          assert.strictEqual(kept.length, 1, `one producer id on the partition of the default producer: ${kept.length}`)
+          assert.isTrue(kept[0]!.producerId >= 0n, `a producer id the broker gave: ${kept[0]!.producerId}`)
+          assert.strictEqual(kept[0]!.lastSequence, 11, "the twelve records numbered 0 to 11")
+          assert.deepStrictEqual(none, [], "batches without a producer id leave nothing on the broker")
+        }),
+      120_000
+    )
   })
 } else {
   describe("KafkaJs producer: idempotence", () => {

@@ -101,79 +101,108 @@ const run = (
     )
     const timeline: Timeline = { spans: [], assigned: new Map(), revoked: new Map() }
     const a = yield* Effect.fork(member("a", timeline, config("a"), chunkMillis))
-    yield* eventually("a works on every partition", Effect.sync(() => timeline.spans.length >= chunksBeforeB), "60 seconds")
+    yield* eventually(
+      "a works on every partition",
+      Effect.sync(() => timeline.spans.length >= chunksBeforeB),
+      "60 seconds"
+    )
     return { a, timeline }
   })
 
 if (brokers) {
   describe("the revoke contract on kafkajs when the rebalance is noticed outside a batch call", () => {
     const partitions = (topic: string) => [0, 1, 2, 3].map((p) => `${topic}-${p}`)
-    const configOf = (topic: string, groupId: string, maxPollRecords: number, bufferSize: number) =>
-    (name: string): Omit<Consumer.Config, "onFailure"> => ({
-      groupId,
-      clientId: name,
-      topics: [topic],
-      maxPollRecords,
-      bufferSize,
-      sessionTimeout: "6 seconds",
-      rebalanceTimeout: "30 seconds",
-      revokeTimeout: "15 seconds"
-    })
+    const configOf =
+      (topic: string, groupId: string, maxPollRecords: number, bufferSize: number) =>
+      (name: string): Omit<Consumer.Config, "onFailure"> => ({
+        groupId,
+        clientId: name,
+        topics: [topic],
+        maxPollRecords,
+        bufferSize,
+        sessionTimeout: "6 seconds",
+        rebalanceTimeout: "30 seconds",
+        revokeTimeout: "15 seconds"
+      })
 
     const check = (timeline: Timeline, topic: string, records: number, label: string) => {
       const moves = handOvers(timeline, partitions(topic))
-      console.log(`${label}: ${JSON.stringify(moves.map((m) => ({ partition: m.partition, overlapMillis: m.overlapMillis, gapMillis: m.assignedToB - m.revokedByA })))}`)
+      console.log(
+        `${label}: ${
+          JSON.stringify(
+            moves.map((m) => ({
+              partition: m.partition,
+              overlapMillis: m.overlapMillis,
+              gapMillis: m.assignedToB - m.revokedByA
+            }))
+          )
+        }`
+      )
       assert.isAtLeast(moves.length, 1, "no partition moved to the joining member")
       for (const move of moves) {
         assert.isAtMost(move.overlapMillis, 0, `${move.partition}: b handled it while a still did`)
-        assert.isAtLeast(move.assignedToB, move.revokedByA, `${move.partition}: b was assigned it before a's revoke ended`)
+        assert.isAtLeast(
+          move.assignedToB,
+          move.revokedByA,
+          `${move.partition}: b was assigned it before a's revoke ended`
+        )
       }
       // Each record handled once: the old owner's final commit landed before the new owner read the position.
       const seen = new Map<string, number>()
       for (const span of timeline.spans) {
         if (span.end === Number.POSITIVE_INFINITY) continue
-        for (const offset of span.offsets) seen.set(`${span.partition}@${offset}`, (seen.get(`${span.partition}@${offset}`) ?? 0) + 1)
+        for (const offset of span.offsets) {
+          seen.set(`${span.partition}@${offset}`, (seen.get(`${span.partition}@${offset}`) ?? 0) + 1)
+        }
       }
       assert.strictEqual(seen.size, records, "every record handled")
       assert.deepStrictEqual([...seen.values()].filter((n) => n > 1), [], "no record handled twice")
     }
 
-    it.live("a slow member with a backlog, every partition paused: the new owner starts after the old one stopped", () =>
-      Effect.gen(function*() {
-        const topic = unique("backlog")
-        const groupId = `${topic}-group`
-        const records = 12_000
-        // 10 records a chunk, at most 20 buffered: fetching outruns the 30 ms chunks at once, and every partition
-        // waits paused on a full buffer. A needs about 9 seconds for its partitions' 300 chunks each.
-        const config = configOf(topic, groupId, 10, 20)
-        const { a, timeline } = yield* run(topic, records, config, 30, 40)
-        const b = yield* Effect.fork(member("b", timeline, config("b"), 30))
-        const done = withAdmin(brokers, (admin) => admin.fetchOffsets({ groupId, topics: [topic] })).pipe(
-          Effect.map((offsets) => offsets[0]!.partitions.every((p) => BigInt(p.offset) === BigInt(records / 4)))
-        )
-        yield* eventually("every position at the end", done, "120 seconds")
-        yield* Fiber.interrupt(b)
-        yield* Fiber.interrupt(a)
-        check(timeline, topic, records, "backlog")
-      }), { timeout: 240_000 })
+    it.live(
+      "a slow member with a backlog, every partition paused: the new owner starts after the old one stopped",
+      () =>
+        Effect.gen(function*() {
+          const topic = unique("backlog")
+          const groupId = `${topic}-group`
+          const records = 12_000
+          // 10 records a chunk, at most 20 buffered: fetching outruns the 30 ms chunks at once, and every partition
+          // waits paused on a full buffer. A needs about 9 seconds for its partitions' 300 chunks each.
+          const config = configOf(topic, groupId, 10, 20)
+          const { a, timeline } = yield* run(topic, records, config, 30, 40)
+          const b = yield* Effect.fork(member("b", timeline, config("b"), 30))
+          const done = withAdmin(brokers, (admin) => admin.fetchOffsets({ groupId, topics: [topic] })).pipe(
+            Effect.map((offsets) => offsets[0]!.partitions.every((p) => BigInt(p.offset) === BigInt(records / 4)))
+          )
+          yield* eventually("every position at the end", done, "120 seconds")
+          yield* Fiber.interrupt(b)
+          yield* Fiber.interrupt(a)
+          check(timeline, topic, records, "backlog")
+        }),
+      { timeout: 240_000 }
+    )
 
-    it.live("a member whose workers are busy with records already fetched: the new owner starts after they ended", () =>
-      Effect.gen(function*() {
-        const topic = unique("busy")
-        const groupId = `${topic}-group`
-        const records = 160
-        // Two chunks of 20 records a partition, 3 seconds each: fetching is done, the workers are busy.
-        const config = configOf(topic, groupId, 20, 40)
-        const { a, timeline } = yield* run(topic, records, config, 3_000, 4)
-        const b = yield* Effect.fork(member("b", timeline, config("b"), 3_000))
-        const done = withAdmin(brokers, (admin) => admin.fetchOffsets({ groupId, topics: [topic] })).pipe(
-          Effect.map((offsets) => offsets[0]!.partitions.every((p) => BigInt(p.offset) === BigInt(records / 4)))
-        )
-        yield* eventually("every position at the end", done, "120 seconds")
-        yield* Fiber.interrupt(b)
-        yield* Fiber.interrupt(a)
-        check(timeline, topic, records, "busy")
-      }), { timeout: 240_000 })
+    it.live(
+      "a member whose workers are busy with records already fetched: the new owner starts after they ended",
+      () =>
+        Effect.gen(function*() {
+          const topic = unique("busy")
+          const groupId = `${topic}-group`
+          const records = 160
+          // Two chunks of 20 records a partition, 3 seconds each: fetching is done, the workers are busy.
+          const config = configOf(topic, groupId, 20, 40)
+          const { a, timeline } = yield* run(topic, records, config, 3_000, 4)
+          const b = yield* Effect.fork(member("b", timeline, config("b"), 3_000))
+          const done = withAdmin(brokers, (admin) => admin.fetchOffsets({ groupId, topics: [topic] })).pipe(
+            Effect.map((offsets) => offsets[0]!.partitions.every((p) => BigInt(p.offset) === BigInt(records / 4)))
+          )
+          yield* eventually("every position at the end", done, "120 seconds")
+          yield* Fiber.interrupt(b)
+          yield* Fiber.interrupt(a)
+          check(timeline, topic, records, "busy")
+        }),
+      { timeout: 240_000 }
+    )
   })
 } else {
   describe("the revoke contract on kafkajs", () => {

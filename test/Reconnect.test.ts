@@ -51,7 +51,10 @@ describe("a cluster that cannot be reached for a while", () => {
       yield* Fiber.interrupt(fiber)
       const missing = Array.from({ length: 30 }, (_, i) => BigInt(i)).filter((o) => !handled.includes(o))
       assert.deepStrictEqual(missing, [])
-      assert.isTrue(logs.lines.some((l) => l.startsWith("WARN") && l.includes("cannot be reached; reconnecting")), logs.lines.join("\n"))
+      assert.isTrue(
+        logs.lines.some((l) => l.startsWith("WARN") && l.includes("cannot be reached; reconnecting")),
+        logs.lines.join("\n")
+      )
     }).pipe(Effect.provide(InMemoryKafka.layer()), Effect.provide(logs.layer))
   })
 
@@ -104,9 +107,16 @@ describe("an evicted member", () => {
       const handled: Array<bigint> = []
       const fiber = yield* Consumer.run({ ...config, sessionTimeout: "6 seconds", rejoin }, (records) =>
         Effect.sync(() => {
-          for (const r of records) handled.push(r.offset)
+          for (const r of records) {
+            handled.push(r.offset)
+          }
         })).pipe(Effect.provide(commitAfter), Effect.fork)
-      yield* advanceUntil("committed", Effect.map(kafka.committed("g"), (c) => c.get("t-0") === 10n), 5)
+      yield* advanceUntil(
+        "committed",
+        Effect.map(kafka.committed("g"), (c) =>
+          c.get("t-0") === 10n),
+        5
+      )
       const [member] = yield* kafka.members("g")
       // Paused past its session: on its next poll it learns that the group evicted it.
       yield* kafka.freeze(member!.memberId)
@@ -124,7 +134,11 @@ describe("an evicted member", () => {
         10
       )
       yield* produce(5, 10)
-      yield* advanceUntil("the new records committed", Effect.map(kafka.committed("g"), (c) => c.get("t-0") === 15n), 10)
+      yield* advanceUntil(
+        "the new records committed",
+        Effect.map(kafka.committed("g"), (c) => c.get("t-0") === 15n),
+        10
+      )
       assert.deepStrictEqual(handled, Array.from({ length: 15 }, (_, i) => BigInt(i)))
       yield* Fiber.interrupt(fiber)
     }).pipe(Effect.provide(InMemoryKafka.layer())))

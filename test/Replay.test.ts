@@ -52,17 +52,20 @@ const topics = Effect.zipRight(InMemoryKafka.createTopic(source, 1), InMemoryKaf
  * test by assertion, rather than hanging it.
  */
 const within = <A, E, R>(effect: Effect.Effect<A, E, R>, deadline: Duration.DurationInput = "5 seconds") =>
-  Effect.flatMap(Effect.fork(effect), (fiber) =>
-    TestServices.provideLive(Effect.timeoutOption(Fiber.await(fiber), deadline)).pipe(
-      Effect.flatMap(Option.match({
-        onNone: () =>
-          Effect.zipRight(
-            Fiber.interrupt(fiber),
-            Effect.sync(() => assert.fail(`did not end within ${Duration.format(Duration.decode(deadline))}`))
-          ),
-        onSome: (exit) => exit
-      }))
-    ))
+  Effect.flatMap(
+    Effect.fork(effect),
+    (fiber) =>
+      TestServices.provideLive(Effect.timeoutOption(Fiber.await(fiber), deadline)).pipe(
+        Effect.flatMap(Option.match({
+          onNone: () =>
+            Effect.zipRight(
+              Fiber.interrupt(fiber),
+              Effect.sync(() => assert.fail(`did not end within ${Duration.format(Duration.decode(deadline))}`))
+            ),
+          onSome: (exit) => exit
+        }))
+      )
+  )
 
 /** How the replay ended: its result, or the error it failed with. */
 const stoppedWith = (outcome: Either.Either<FailureRoute.Replayed, unknown>) => {

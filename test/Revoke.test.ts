@@ -65,12 +65,13 @@ describe("bounded revokes", () => {
       yield* InMemoryKafka.createTopic("t", 2)
       yield* produce(10)
       const handled = new Map<string, Array<bigint>>()
-      const handler = (name: string) => (records: Chunk.Chunk<{ readonly partition: number; readonly offset: bigint }>) =>
-        Effect.sync(() => {
-          const list = handled.get(name) ?? []
-          for (const r of records) list.push(BigInt(r.partition * 1000) + r.offset)
-          handled.set(name, list)
-        })
+      const handler =
+        (name: string) => (records: Chunk.Chunk<{ readonly partition: number; readonly offset: bigint }>) =>
+          Effect.sync(() => {
+            const list = handled.get(name) ?? []
+            for (const r of records) list.push(BigInt(r.partition * 1000) + r.offset)
+            handled.set(name, list)
+          })
       const a = yield* Consumer.run(config, handler("a"), { onRevoke: () => Effect.never }).pipe(
         Effect.provide(commitAfter),
         Effect.fork
@@ -87,8 +88,10 @@ describe("bounded revokes", () => {
       // A goes on with the partition it kept.
       assert.isTrue((yield* Fiber.poll(a))._tag === "None")
       yield* produce(5, 10)
-      yield* settled("both members handle the new records", Effect.sync(() =>
-        (handled.get("a")?.length ?? 0) + (handled.get("b")?.length ?? 0) === 30))
+      yield* settled(
+        "both members handle the new records",
+        Effect.sync(() => (handled.get("a")?.length ?? 0) + (handled.get("b")?.length ?? 0) === 30)
+      )
       assert.isAbove(handled.get("a")!.length, 20)
       yield* stop(b, a)
     }).pipe(Effect.provide(InMemoryKafka.layer()), Effect.provide(logs.layer))
@@ -168,9 +171,14 @@ describe("bounded revokes", () => {
       const b = yield* Consumer.run(config, () => Effect.void).pipe(Effect.provide(commitAfter), Effect.fork)
       yield* advanceUntil("the partitions are split", split, 20)
       const warned = (pattern: RegExp) => logs.lines.some((l) => pattern.test(l))
-      assert.isTrue(warned(/revoke: the work of t-1 outlived revokeTimeout \(8s\); interrupting it/), logs.lines.join("\n"))
       assert.isTrue(
-        warned(/revoke: the work of t-1 did not stop within 3s of its interruption \(it is in an uninterruptible region\)/),
+        warned(/revoke: the work of t-1 outlived revokeTimeout \(8s\); interrupting it/),
+        logs.lines.join("\n")
+      )
+      assert.isTrue(
+        warned(
+          /revoke: the work of t-1 did not stop within 3s of its interruption \(it is in an uninterruptible region\)/
+        ),
         logs.lines.join("\n")
       )
       assert.deepStrictEqual(yield* ownership, [[0], [1]])
@@ -181,7 +189,10 @@ describe("bounded revokes", () => {
       yield* stop(b)
       yield* advanceUntil("A ends", Effect.map(Fiber.poll(a), (exit) => exit._tag === "Some"), 20)
       const exit = yield* Fiber.await(a)
-      assert.isTrue(Exit.isFailure(exit) && exit.cause._tag === "Fail" && exit.cause.error instanceof WorkerStuck, String(exit))
+      assert.isTrue(
+        Exit.isFailure(exit) && exit.cause._tag === "Fail" && exit.cause.error instanceof WorkerStuck,
+        String(exit)
+      )
       if (Exit.isFailure(exit) && exit.cause._tag === "Fail" && exit.cause.error instanceof WorkerStuck) {
         assert.strictEqual(exit.cause.error.topic, "t")
         assert.strictEqual(exit.cause.error.partition, 1)

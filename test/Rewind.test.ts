@@ -98,14 +98,19 @@ describe("a log cut back under key ordering", () => {
       // Every record written again but 50 and the records of its key after it (60, 70, 80, 90).
       yield* until("every record written again but key k0's handled", () => cut.handledAgain.size === 45)
       // A commit that carries 99, the last record written again, finished (as the position or in its ranges).
-      yield* until("a commit that carries every record handled", () =>
-        cut.violations.length > 0 || cut.lastCommitted === 100n ||
-        cut.lastRanges.some(([from, until]) => from <= 99n && 99n < until))
+      yield* until(
+        "a commit that carries every record handled",
+        () =>
+          cut.violations.length > 0 || cut.lastCommitted === 100n ||
+          cut.lastRanges.some(([from, until]) => from <= 99n && 99n < until)
+      )
       assert.deepStrictEqual(cut.violations, [], "a commit passed a record written again that was not handled")
       assert.isAtMost(Number(cut.lastCommitted), 50)
       yield* Deferred.succeed(slow, undefined)
-      yield* until("every record written again handled and committed", () =>
-        cut.handledAgain.size === 50 && cut.lastCommitted === 100n)
+      yield* until(
+        "every record written again handled and committed",
+        () => cut.handledAgain.size === 50 && cut.lastCommitted === 100n
+      )
       yield* Fiber.interrupt(fiber)
       assert.deepStrictEqual(cut.violations, [])
     }).pipe(Effect.provide(cut.layer))
@@ -143,14 +148,21 @@ const makeCut = () => {
           out.push(event)
           continue
         }
-        const records = Chunk.map(event.records, (r) => ({ ...copyOf(r), headers: { ...r.headers, written: new Uint8Array([1]) } }))
+        const records = Chunk.map(
+          event.records,
+          (r) => ({ ...copyOf(r), headers: { ...r.headers, written: new Uint8Array([1]) } })
+        )
         out.push({ ...event, records })
       }
       return out
     }),
     offsets: (partitions) =>
       state.injected && !state.seekedBack
-        ? Effect.succeed(new Map(partitions.map((tp) => [`${tp.topic}-${tp.partition}`, { earliest: 0n, latest: 50n, lastStable: 50n }])))
+        ? Effect.succeed(
+          new Map(
+            partitions.map((tp) => [`${tp.topic}-${tp.partition}`, { earliest: 0n, latest: 50n, lastStable: 50n }])
+          )
+        )
         : session.offsets(partitions),
     seek: (tp, position) =>
       Effect.zipRight(
@@ -170,7 +182,9 @@ const makeCut = () => {
             state.lastRanges = ranges
             for (const [from, until] of [[50n, position] as const, ...ranges]) {
               for (let o = from < 50n ? 50n : from; o < until; o++) {
-                if (!state.handledAgain.has(o)) state.violations.push(`committed ${position} [${ranges.join(" ")}] past ${o}`)
+                if (!state.handledAgain.has(o)) {
+                  state.violations.push(`committed ${position} [${ranges.join(" ")}] past ${o}`)
+                }
               }
             }
           }

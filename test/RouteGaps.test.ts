@@ -54,7 +54,9 @@ const layerOf = (policy: "atMostOnce" | "autoCommit" | "commitAfter") => {
  */
 const seed = Effect.gen(function*() {
   const kafka = yield* InMemoryKafka.InMemoryKafka
-  for (const topic of [source, FailureRoute.retryTopic(source, 0), dlq, output]) yield* kafka.createTopic(topic, partitions)
+  for (const topic of [source, FailureRoute.retryTopic(source, 0), dlq, output]) {
+    yield* kafka.createTopic(topic, partitions)
+  }
   const visible: Array<string> = []
   let n = 0
   const batch = (partition: number, count: number, keep: boolean) =>
@@ -96,11 +98,12 @@ describe("a failure route takes a failed unit apart on a log with gaps", () => {
               onFailure
             } satisfies Consumer.Config<FailureRoute.FailureRoute>
             // A chunk handler that fails without saying on which record: the route must find each record alone.
-            const failing = <E, R>(each: (value: string, record: ConsumerRecord) => Effect.Effect<void, E, R>) =>
-            (records: Chunk.Chunk<ConsumerRecord>): Effect.Effect<void, E | Refused, R> =>
-              Chunk.some(records, (r) => valueString(r)!.startsWith("bad"))
-                ? Effect.fail(new Refused())
-                : Effect.forEach(records, (r) => each(valueString(r)!, r), { discard: true })
+            const failing =
+              <E, R>(each: (value: string, record: ConsumerRecord) => Effect.Effect<void, E, R>) =>
+              (records: Chunk.Chunk<ConsumerRecord>): Effect.Effect<void, E | Refused, R> =>
+                Chunk.some(records, (r) => valueString(r)!.startsWith("bad"))
+                  ? Effect.fail(new Refused())
+                  : Effect.forEach(records, (r) => each(valueString(r)!, r), { discard: true })
             type Needs = Driver | Producer.Producer | OffsetStore.OffsetStore | InMemoryKafka.InMemoryKafka
             const program: Effect.Effect<never, unknown, Needs> = policy === "transactional"
               ? Consumer.run(config, failing((value) => OffsetStore.append([value]))).pipe(
@@ -121,8 +124,11 @@ describe("a failure route takes a failed unit apart on a log with gaps", () => {
 
             const ends = yield* Effect.flatMap(InMemoryKafka.InMemoryKafka, (kafka) => kafka.endOffsets(source))
             const positions = policy === "transactional"
-              ? Effect.flatMap(OffsetStore.OffsetStore, (store) =>
-                store.load("g", Array.from({ length: partitions }, (_, partition) => ({ topic: source, partition }))))
+              ? Effect.flatMap(
+                OffsetStore.OffsetStore,
+                (store) =>
+                  store.load("g", Array.from({ length: partitions }, (_, partition) => ({ topic: source, partition })))
+              )
               : Effect.map(InMemoryKafka.committed("g"), (batch) => batch.positions)
             const letters = Effect.map(readTopic(dlq, partitions), (lists) => lists.flat().map(valueString))
             const results = policy === "transactional"

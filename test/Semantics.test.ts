@@ -61,7 +61,12 @@ describe("delivery guarantees under crashes at each point, with members joining 
 
     it.live(`atMostOnce duplicates nothing when members die at ${point}`, () =>
       Effect.gen(function*() {
-        const outcome = yield* run({ ...base, policy: "atMostOnce", crashPoints: [point], seed: 12 + crashPoints.indexOf(point) })
+        const outcome = yield* run({
+          ...base,
+          policy: "atMostOnce",
+          crashPoints: [point],
+          seed: 12 + crashPoints.indexOf(point)
+        })
         assert.isAtLeast(outcome.crashes, base.crashes / 2, describeOutcome(outcome))
         assert.strictEqual(outcome.duplicated, 0, describeOutcome(outcome))
         assert.strictEqual(outcome.delivered + outcome.lost, base.records)
@@ -103,7 +108,19 @@ describe("delivery guarantees under crashes at each point, with members joining 
       concurrency: FastCheck.integer({ min: 1, max: 32 })
     },
     (
-      { commitEvery, concurrency, consumers, crashes, keys, maxPollRecords, ordering, partitions, points, rebalances, seed }
+      {
+        commitEvery,
+        concurrency,
+        consumers,
+        crashes,
+        keys,
+        maxPollRecords,
+        ordering,
+        partitions,
+        points,
+        rebalances,
+        seed
+      }
     ) =>
       Effect.gen(function*() {
         const workload = {
@@ -156,7 +173,9 @@ describe("poison records dead-lettered under crashes and rebalances", () => {
       keys: FastCheck.integer({ min: 1, max: 50 }),
       retries: FastCheck.boolean()
     },
-    ({ consumers, crashes, keys, maxPollRecords, ordering, partitions, points, poisonRate, rebalances, retries, seed }) =>
+    (
+      { consumers, crashes, keys, maxPollRecords, ordering, partitions, points, poisonRate, rebalances, retries, seed }
+    ) =>
       Effect.gen(function*() {
         const workload = {
           records: 600,
@@ -221,28 +240,37 @@ describe("autoCommit behaves as kafka-clients' enable.auto.commit does", () => {
       const handled: Array<bigint> = []
       const stuck = yield* Deferred.make<void>()
       let crashNow = false
-      const first = yield* Consumer.run({ groupId: "g", topics: ["auto"], maxPollRecords: 10, bufferSize: 50 }, (records) =>
-        Effect.gen(function*() {
-          // The first chunk takes long; meanwhile the poll loop fetches more and auto-commits their positions.
-          if (Chunk.unsafeHead(records).offset === 0n) yield* Deferred.await(stuck)
-          for (const r of records) handled.push(r.offset)
-        })).pipe(
-          Effect.provide(
-            Layer.merge(CommitPolicy.autoCommit({ interval: "5 seconds" }), InMemoryKafka.layerFaults(() => crashNow))
-          ),
-          Effect.fork
-        )
-      yield* settled("fetched ahead", Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.members("g")).pipe(
-        Effect.flatten,
-        Effect.flatMap((ms) =>
-          ms.length === 0
-            ? Effect.succeed(0)
-            : Effect.flatMap(InMemoryKafka.InMemoryKafka, (k) => k.fetchedCount(ms[0]!.memberId))
+      const first = yield* Consumer.run(
+        { groupId: "g", topics: ["auto"], maxPollRecords: 10, bufferSize: 50 },
+        (records) =>
+          Effect.gen(function*() {
+            // The first chunk takes long; meanwhile the poll loop fetches more and auto-commits their positions.
+            if (Chunk.unsafeHead(records).offset === 0n) yield* Deferred.await(stuck)
+            for (const r of records) handled.push(r.offset)
+          })
+      ).pipe(
+        Effect.provide(
+          Layer.merge(CommitPolicy.autoCommit({ interval: "5 seconds" }), InMemoryKafka.layerFaults(() => crashNow))
         ),
-        Effect.map((n) => n >= 50)
-      ))
+        Effect.fork
+      )
+      yield* settled(
+        "fetched ahead",
+        Effect.map(InMemoryKafka.InMemoryKafka, (k) => k.members("g")).pipe(
+          Effect.flatten,
+          Effect.flatMap((ms) =>
+            ms.length === 0
+              ? Effect.succeed(0)
+              : Effect.flatMap(InMemoryKafka.InMemoryKafka, (k) => k.fetchedCount(ms[0]!.memberId))
+          ),
+          Effect.map((n) => n >= 50)
+        )
+      )
       yield* TestClock.adjust("5 seconds")
-      yield* settled("auto commit", Effect.map(InMemoryKafka.committed("g"), (b) => (b.positions.get("auto-0") ?? 0n) >= 50n))
+      yield* settled(
+        "auto commit",
+        Effect.map(InMemoryKafka.committed("g"), (b) => (b.positions.get("auto-0") ?? 0n) >= 50n)
+      )
       // The process dies before the handler finishes the first chunk.
       crashNow = true
       yield* Deferred.succeed(stuck, undefined)
@@ -250,10 +278,13 @@ describe("autoCommit behaves as kafka-clients' enable.auto.commit does", () => {
       assert.isTrue(isCrash(exit), String(exit))
       // A new member starts from the auto-committed position: the first chunk (0..9) was handled before the
       // process died, the buffered records 10..49 never were.
-      const second = yield* Consumer.run({ groupId: "g", topics: ["auto"], maxPollRecords: 10 }, (records) =>
-        Effect.sync(() => {
-          for (const r of records) handled.push(r.offset)
-        })).pipe(Effect.provide(CommitPolicy.autoCommit({ interval: "5 seconds" })), Effect.fork)
+      const second = yield* Consumer.run(
+        { groupId: "g", topics: ["auto"], maxPollRecords: 10 },
+        (records) =>
+          Effect.sync(() => {
+            for (const r of records) handled.push(r.offset)
+          })
+      ).pipe(Effect.provide(CommitPolicy.autoCommit({ interval: "5 seconds" })), Effect.fork)
       yield* settled("the rest handled", Effect.sync(() => handled.includes(99n)))
       yield* Fiber.interrupt(second)
       const lost = Array.from({ length: 100 }, (_, i) => BigInt(i)).filter((o) => !handled.includes(o))
@@ -265,25 +296,34 @@ describe("autoCommit behaves as kafka-clients' enable.auto.commit does", () => {
       yield* setup(30)
       const handled: Array<bigint> = []
       let crashNow = false
-      const first = yield* Consumer.run({ groupId: "g", topics: ["auto"], maxPollRecords: 10 }, (records) =>
-        Effect.sync(() => {
-          for (const r of records) handled.push(r.offset)
-        })).pipe(
-          Effect.provide(
-            Layer.merge(CommitPolicy.autoCommit({ interval: "5 seconds" }), InMemoryKafka.layerFaults((point) => crashNow && point === "afterHandler"))
-          ),
-          Effect.fork
-        )
+      const first = yield* Consumer.run(
+        { groupId: "g", topics: ["auto"], maxPollRecords: 10 },
+        (records) =>
+          Effect.sync(() => {
+            for (const r of records) handled.push(r.offset)
+          })
+      ).pipe(
+        Effect.provide(
+          Layer.merge(
+            CommitPolicy.autoCommit({ interval: "5 seconds" }),
+            InMemoryKafka.layerFaults((point) => crashNow && point === "afterHandler")
+          )
+        ),
+        Effect.fork
+      )
       yield* settled("handled", Effect.sync(() => handled.length === 30))
       assert.strictEqual((yield* InMemoryKafka.committed("g")).positions.size, 0)
       yield* InMemoryKafka.produce("auto", [{ value: "30" }])
       crashNow = true
       const exit = yield* Fiber.await(first)
       assert.isTrue(Exit.isFailure(exit) && isCrash(exit))
-      const second = yield* Consumer.run({ groupId: "g", topics: ["auto"], maxPollRecords: 10 }, (records) =>
-        Effect.sync(() => {
-          for (const r of records) handled.push(r.offset)
-        })).pipe(Effect.provide(CommitPolicy.autoCommit({ interval: "5 seconds" })), Effect.fork)
+      const second = yield* Consumer.run(
+        { groupId: "g", topics: ["auto"], maxPollRecords: 10 },
+        (records) =>
+          Effect.sync(() => {
+            for (const r of records) handled.push(r.offset)
+          })
+      ).pipe(Effect.provide(CommitPolicy.autoCommit({ interval: "5 seconds" })), Effect.fork)
       yield* settled("handled again", Effect.sync(() => handled.length >= 61))
       yield* Fiber.interrupt(second)
       const counts = new Map<bigint, number>()
@@ -295,7 +335,16 @@ describe("autoCommit behaves as kafka-clients' enable.auto.commit does", () => {
   it.live("measured over a crash workload, it both loses and duplicates", () =>
     Effect.gen(function*() {
       const outcomes = yield* Effect.forEach([1, 2, 3, 4], (seed) =>
-        run({ ...base, records: 4_000, policy: "autoCommit", crashes: 20, crashRate: 0.05, seed, maxPollRecords: 20, handlerMillis: 1 }))
+        run({
+          ...base,
+          records: 4_000,
+          policy: "autoCommit",
+          crashes: 20,
+          crashRate: 0.05,
+          seed,
+          maxPollRecords: 20,
+          handlerMillis: 1
+        }))
       const lost = outcomes.reduce((n, o) => n + o.lost, 0)
       const duplicated = outcomes.reduce((n, o) => n + o.duplicated, 0)
       assert.isAbove(duplicated, 0, outcomes.map(describeOutcome).join("\n"))

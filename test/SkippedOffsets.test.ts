@@ -39,10 +39,13 @@ describe("a fetch that starts past the position", () => {
         yield* kafka.createTopic("t", 1)
         yield* kafka.produce("t", Array.from({ length: 30 }, (_, i) => ({ key: `k${i % 3}`, value: String(i) })))
         const handled: Array<bigint> = []
-        const fiber = yield* Consumer.run({ groupId: "g", topics: ["t"], maxPollRecords: 10, ordering: order }, (records) =>
-          Effect.sync(() => {
-            for (const r of records) handled.push(r.offset)
-          })).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "1 second" })), Effect.fork)
+        const fiber = yield* Consumer.run(
+          { groupId: "g", topics: ["t"], maxPollRecords: 10, ordering: order },
+          (records) =>
+            Effect.sync(() => {
+              for (const r of records) handled.push(r.offset)
+            })
+        ).pipe(Effect.provide(CommitPolicy.commitAfter({ maxBatch: 5, maxInterval: "1 second" })), Effect.fork)
         yield* advanceUntil("everything committed", Effect.map(kafka.committed("g"), (c) => c.get("t-0") === 30n), 20)
         yield* Fiber.interrupt(fiber)
         assert.deepStrictEqual(

@@ -79,8 +79,7 @@ const quiet = (reports: Array<LagSnapshot>): Settings => ({
 const sessionOf = (refuse: () => boolean): DriverSession => ({
   memberId: "m",
   poll: Effect.succeed([]),
-  commit: () =>
-    refuse() ? Effect.fail(new CommitFailed({ reason: "NotOwned", partitions: [] })) : Effect.void,
+  commit: () => refuse() ? Effect.fail(new CommitFailed({ reason: "NotOwned", partitions: [] })) : Effect.void,
   committed: () => Effect.succeed(new Map()),
   committedWithMetadata: () => Effect.succeed(new Map()),
   offsets: () => Effect.succeed(new Map()),

@@ -21,7 +21,12 @@ import * as Consumer from "../src/Consumer.js"
 import type { Driver } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as KafkaJs from "../src/KafkaJs.js"
-import { type InvalidConfig, type DriverError as KafkaDriverError, HandlerFailed, ProduceFailed } from "../src/KafkaError.js"
+import {
+  type InvalidConfig,
+  type DriverError as KafkaDriverError,
+  HandlerFailed,
+  ProduceFailed
+} from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as Producer from "../src/Producer.js"
@@ -82,14 +87,19 @@ describe("the handler's own error", () => {
           Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })),
           Effect.fork
         )
-      yield* settled("committed", Effect.map(InMemoryKafka.committed("g"), (c) => c.positions.get("t-0") === 1n))
+      yield* settled(
+        "committed",
+        Effect.map(InMemoryKafka.committed("g"), (c) =>
+          c.positions.get("t-0") === 1n)
+      )
       yield* Fiber.interrupt(fiber)
       assert.strictEqual(attempts, 3)
       // And when it keeps failing, it ends the consumer as the handler's error, not as the library's.
-      const exit = yield* Consumer.run({ ...config, groupId: "h" }, () => Effect.fail(new DriverError({ attempt: 0 }))).pipe(
-        Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })),
-        Effect.exit
-      )
+      const exit = yield* Consumer.run({ ...config, groupId: "h" }, () => Effect.fail(new DriverError({ attempt: 0 })))
+        .pipe(
+          Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })),
+          Effect.exit
+        )
       const error = Exit.isFailure(exit) && exit.cause._tag === "Fail" ? exit.cause.error : undefined
       assert.instanceOf(error, HandlerFailed)
       if (error instanceof HandlerFailed) assert.instanceOf(error.cause, DriverError)
@@ -106,7 +116,10 @@ describe("a handler that writes through the store's transaction", () => {
       Effect.provide(InMemoryKafka.layer())
     )
     expectTypeOf<Effect.Effect.Context<typeof underCommitAfter>>().toEqualTypeOf<OffsetStore.Transaction>()
-    const underAtMostOnce = writingSql.pipe(Effect.provide(CommitPolicy.atMostOnce()), Effect.provide(InMemoryKafka.layer()))
+    const underAtMostOnce = writingSql.pipe(
+      Effect.provide(CommitPolicy.atMostOnce()),
+      Effect.provide(InMemoryKafka.layer())
+    )
     expectTypeOf<Effect.Effect.Context<typeof underAtMostOnce>>().toEqualTypeOf<OffsetStore.Transaction>()
     // Running it does not compile.
     // @ts-expect-error Transaction is not provided
@@ -157,7 +170,9 @@ describe("public signatures", () => {
           const namespace = /import (?:type )?\* as (\w+)/.exec(line)
           if (namespace !== null) return [namespace[1]!]
           const named = /import (?:type )?\{([^}]*)\}/.exec(line)
-          return named === null ? [] : named[1]!.split(",").map((n) => n.trim().split(/\s+as\s+/).at(-1)!).filter(Boolean)
+          return named === null
+            ? []
+            : named[1]!.split(",").map((n) => n.trim().split(/\s+as\s+/).at(-1)!).filter(Boolean)
         })
         for (const line of lines) {
           if (/^import /.test(line)) continue

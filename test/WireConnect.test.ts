@@ -1,3 +1,4 @@
+// dprint-ignore-file: the byte layouts below are laid out one protocol field per group, as the message definitions read
 /**
  * Connecting while the group's coordinator loads or moves, on a real broker behind a proxy that answers the first
  * group requests with the errors a fresh or restarting cluster gives: GROUP_LOAD_IN_PROGRESS (the coordinator loading

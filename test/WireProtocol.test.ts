@@ -1,3 +1,4 @@
+// dprint-ignore-file: the byte layouts below are laid out one protocol field per group, as the message definitions read
 /**
  * The stable offset reads of the kafkajs driver, byte by byte: kafkajs's OffsetFetch v4 request sent as version 7 with
  * `require_stable`, the version 7 answer turned back into the version 4 layout kafkajs decodes, the OffsetFetch

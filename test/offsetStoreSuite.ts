@@ -355,7 +355,11 @@ export const offsetStoreSuite = <E>(name: string, layer: Layer.Layer<OffsetStore
         const zombie = yield* claim(group, orders0)
         assert.deepStrictEqual(zombie, { epoch: owner + 1n, position: 13n, finished: [[14n, 17n], [20n, 21n]] })
         // A unit of the earlier owner is fenced, whatever ranges it names.
-        assertFenced(yield* refusal("a unit of an earlier owner", commit(at([[13n, 14n]]), Effect.void)), owner, owner + 1n)
+        assertFenced(
+          yield* refusal("a unit of an earlier owner", commit(at([[13n, 14n]]), Effect.void)),
+          owner,
+          owner + 1n
+        )
         // A chunk unit moves the position to its next, and past the ranges that reach it.
         yield* commit(unit(group, orders0, zombie.epoch, 14n), write(group, orders0, ["13"]))
         assert.deepStrictEqual(yield* claim(group, orders0), {

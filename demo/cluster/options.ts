@@ -124,7 +124,9 @@ export const parse = (
     }
     const policy = yield* required("policy", parsed.policy)
     if (!policies.includes(policy as PolicyName)) {
-      return yield* new MemberConfigError({ message: `--policy must be one of ${policies.join(", ")}, got "${policy}"` })
+      return yield* new MemberConfigError({
+        message: `--policy must be one of ${policies.join(", ")}, got "${policy}"`
+      })
     }
     const groupId = yield* required("group", parsed.group)
     const ordering = parsed.ordering ?? "partition"

@@ -440,11 +440,15 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     let unexpectedExits = 0
     let fenced = 0
     yield* Effect.addFinalizer(() =>
-      Effect.forEach(Array.from(running), (m) =>
-        signal(m, "SIGKILL").pipe(Effect.zipRight(Deferred.await(m.exited).pipe(Effect.timeoutOption("10 seconds")))), {
-        discard: true,
-        concurrency: "unbounded"
-      })
+      Effect.forEach(
+        Array.from(running),
+        (m) =>
+          signal(m, "SIGKILL").pipe(Effect.zipRight(Deferred.await(m.exited).pipe(Effect.timeoutOption("10 seconds")))),
+        {
+          discard: true,
+          concurrency: "unbounded"
+        }
+      )
     )
 
     const slot = (name: string) =>
@@ -464,7 +468,10 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
           const detail = `member ${name} exited on its own (code ${exit.code}, signal ${exit.signal}):\n  ` +
             member.tail.join("\n  ")
           if (unexpectedExits > 10 + workload.kills) {
-            return yield* Deferred.fail(failure, new ClusterRunError({ message: `too many unexpected exits; last: ${detail}` }))
+            return yield* Deferred.fail(
+              failure,
+              new ClusterRunError({ message: `too many unexpected exits; last: ${detail}` })
+            )
           }
           yield* Effect.logWarning(detail)
           // A member that cannot start must not be restarted in a tight loop.
@@ -472,7 +479,8 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
         }
       }).pipe(Effect.asVoid)
     const slots = new Map<string, Fiber.RuntimeFiber<void>>()
-    const startSlot = (name: string) => Effect.map(Effect.forkScoped(slot(name)), (fiber) => void slots.set(name, fiber))
+    const startSlot = (name: string) =>
+      Effect.map(Effect.forkScoped(slot(name)), (fiber) => void slots.set(name, fiber))
     const stopSlot = (name: string) =>
       Effect.gen(function*() {
         stopped.add(name)

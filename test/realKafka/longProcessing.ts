@@ -40,7 +40,11 @@ export const longProcessing = (options: {
       topic,
       Array.from({ length: partitions * perPartition }, (_, i) => ({ partition: i % partitions, value: String(i) }))
     )
-    const admin = new Kafka({ clientId: "long-processing", brokers: options.brokers.split(","), logLevel: logLevel.NOTHING })
+    const admin = new Kafka({
+      clientId: "long-processing",
+      brokers: options.brokers.split(","),
+      logLevel: logLevel.NOTHING
+    })
       .admin()
     yield* Effect.acquireRelease(
       Effect.tryPromise(() => admin.connect()),

@@ -168,7 +168,8 @@ export const examples: ReadonlyArray<{
     check: (out) => {
       const lags = [...out.matchAll(/^ {2}orders-\d+ {2}position (\d+) {2}lag (\d+)$/gm)]
       const positions = lags.reduce((sum, m) => sum + Number(m[1]), 0)
-      const metric = (name: string) => Number(new RegExp(`^ {2}${name.replace(/\./g, "\\.")} +(\\d+)$`, "m").exec(out)?.[1])
+      const metric = (name: string) =>
+        Number(new RegExp(`^ {2}${name.replace(/\./g, "\\.")} +(\\d+)$`, "m").exec(out)?.[1])
       return /10 orders handled on/.test(out) && lags.length === 3 && positions === 10 &&
           lags.every((m) => m[2] === "0") &&
           /└─ send orders \(producer\) +[0-9a-f]{16} {2}traceparent in the record's headers/.test(out) &&

@@ -180,13 +180,16 @@ export const testKit = (brokers: string): Layer.Layer<DriverTestKit> =>
     endOffsets: (topic) => KafkaJs.endOffsets(brokers, topic)
   })
 
-
 /** The folder of the broker's jars (kafka-clients among them), fetched by `scripts/kafka.sh` if need be. */
 let brokerLibs: Promise<string> | undefined
 const libsFolder = () =>
   brokerLibs ??= new Promise<string>((resolve, reject) =>
-    execFile("bash", [path.join("scripts", "kafka.sh"), "libs"], { timeout: 600_000 }, (error, stdout, stderr) =>
-      error === null ? resolve(stdout.trim()) : reject(new Error(`scripts/kafka.sh libs failed: ${stderr}`))
+    execFile(
+      "bash",
+      [path.join("scripts", "kafka.sh"), "libs"],
+      { timeout: 600_000 },
+      (error, stdout, stderr) =>
+        error === null ? resolve(stdout.trim()) : reject(new Error(`scripts/kafka.sh libs failed: ${stderr}`))
     )
   )
 
@@ -195,13 +198,20 @@ const libsFolder = () =>
  * classpath, and returns what it printed.
  */
 export const runJava = (file: string, args: ReadonlyArray<string>) =>
-  Effect.flatMap(Effect.tryPromise({ try: libsFolder, catch: (cause) => cause as Error }), (libs) =>
-    Effect.async<string, Error>((resume) => {
-      execFile(
-        "java",
-        ["-cp", path.join(libs, "*"), path.join("test", "java", file), ...args],
-        { timeout: 60_000, maxBuffer: 16 * 1024 * 1024 },
-        (error, stdout, stderr) =>
-          resume(error === null ? Effect.succeed(stdout) : Effect.fail(new Error(`java failed: ${error.message}\n${stderr}`)))
-      )
-    }))
+  Effect.flatMap(
+    Effect.tryPromise({ try: libsFolder, catch: (cause) => cause as Error }),
+    (libs) =>
+      Effect.async<string, Error>((resume) => {
+        execFile(
+          "java",
+          ["-cp", path.join(libs, "*"), path.join("test", "java", file), ...args],
+          { timeout: 60_000, maxBuffer: 16 * 1024 * 1024 },
+          (error, stdout, stderr) =>
+            resume(
+              error === null
+                ? Effect.succeed(stdout)
+                : Effect.fail(new Error(`java failed: ${error.message}\n${stderr}`))
+            )
+        )
+      })
+  )

@@ -34,7 +34,6 @@ import {
   type WorkerStuck
 } from "../../KafkaError.js"
 import type { Observability } from "../../Observability.js"
-import { Fenced } from "../../OffsetStore.js"
 import type * as TopicPartition from "../../TopicPartition.js"
 import { Fatal, HandlerFailure, type Router, type RouteSettings, type Work } from "../route/router.js"
 import type { ConsumerTelemetry } from "../telemetry/telemetry.js"
@@ -42,6 +41,7 @@ import type { Ordering } from "./ordering.js"
 import type * as Permits from "./permits.js"
 import type { Progress } from "./progress.js"
 import type * as StuckWorkers from "./stuckWorkers.js"
+import { Fenced } from "../../KafkaError.js"
 
 /** Where a partition starts when it has no position, or one outside its log. */
 export type OffsetReset = "earliest" | "latest" | "none"

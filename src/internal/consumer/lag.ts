@@ -55,7 +55,9 @@ export const lagReports = (
       if (settings.metrics) metrics.pausedPartitions.unsafeUpdate(pausedCount, telemetry.group.labels)
       return snapshot(partitions)
     })
-  }).pipe(Effect.catchAll((error) => Effect.logDebug("the partitions' latest offsets could not be read for the lag", error)))
+  }).pipe(
+    Effect.catchAll((error) => Effect.logDebug("the partitions' latest offsets could not be read for the lag", error))
+  )
   return Effect.zipRight(
     Scope.addFinalizer(scope, snapshot([])),
     Effect.asVoid(Effect.forkIn(Effect.repeat(report, Schedule.spaced(settings.lagInterval)), scope))

@@ -23,7 +23,9 @@ export interface Permits {
    * Waits for a permit, then forks `effect` holding it (released when the fiber ends). `effect` is not started
    * before a permit is there: a fiber is made only for work that can run.
    */
-  readonly forkWithPermit: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<Fiber.RuntimeFiber<A, E>, never, R>
+  readonly forkWithPermit: <A, E, R>(
+    effect: Effect.Effect<A, E, R>
+  ) => Effect.Effect<Fiber.RuntimeFiber<A, E>, never, R>
   /** Permits not taken now. */
   readonly free: () => number
   /** Permits not taken, and fibers waiting (for tests). */
@@ -76,7 +78,9 @@ export const make = (permits: number): Permits => {
         Effect.zipRight(restore(acquire), Effect.fork(Effect.ensuring(Effect.interruptible(effect), releasing)))
       ),
     withPermit: (effect) =>
-      Effect.uninterruptibleMask((restore) => Effect.zipRight(restore(acquire), Effect.ensuring(restore(effect), releasing))),
+      Effect.uninterruptibleMask((restore) =>
+        Effect.zipRight(restore(acquire), Effect.ensuring(restore(effect), releasing))
+      ),
     free: () => free,
     state: () => ({ free, waiting: waiting.slice(head).filter((w) => !w.cancelled && !w.handed).length })
   }

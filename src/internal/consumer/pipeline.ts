@@ -172,7 +172,7 @@ const handleBatch = <E, R, EH, RH>(p: Pipeline<E, R, EH, RH>, batch: Array<Lane>
   for (let i = 0; i < batch.length; i++) {
     const lane = batch[i]!
     parts.push(Chunk.unsafeFromArray(lane.records))
-    if (i > 0) for (const index of lane.indexes) indexes.push(index)
+    if (i > 0) { for (const index of lane.indexes) indexes.push(index) }
     lane.records = []
     lane.indexes = []
   }

@@ -181,8 +181,11 @@ const leave = <E, R, EH, RH>(ctx: SessionContext<E, R, EH, RH>) => (exit: Exit.E
           ? stopWorkers
           : Cause.isInterruptedOnly(cause)
           ? Effect.void
-          : Effect.logWarning("the revoke on shutdown failed; the partitions' next owners repeat what was " +
-            "handled since their last commit", cause)
+          : Effect.logWarning(
+            "the revoke on shutdown failed; the partitions' next owners repeat what was " +
+              "handled since their last commit",
+            cause
+          )
       )
     )
   })
@@ -308,8 +311,7 @@ const makeContext = <E, R, EH, RH>(
       // Half the writes' wait: a retry is handed over at most 50 ms, or a twentieth of the shortest delay, after it
       // is due.
       dueSlack: Duration.toMillis(sideWritesWait(config.route)) / 2,
-      reachable: (offsets) =>
-        config.session.isolationLevel === "read_uncommitted" ? offsets.latest : offsets.lastStable
+      reachable: (offsets) => config.session.isolationLevel === "read_uncommitted" ? offsets.latest : offsets.lastStable
     }
     return ctx
   })

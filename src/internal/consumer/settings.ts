@@ -89,7 +89,10 @@ export const resolve = (config: AnyConfig): Effect.Effect<runloop.Resolved, Inva
       })
     }
     if (config.rejoin !== undefined && typeof config.rejoin !== "boolean") {
-      return yield* new InvalidConfig({ field: "rejoin", reason: `must be true or false, got ${String(config.rejoin)}` })
+      return yield* new InvalidConfig({
+        field: "rejoin",
+        reason: `must be true or false, got ${String(config.rejoin)}`
+      })
     }
     const ordering = config.ordering ?? "partition"
     if (ordering !== "partition" && ordering !== "key" && ordering !== "unordered") {
@@ -131,7 +134,9 @@ export const resolve = (config: AnyConfig): Effect.Effect<runloop.Resolved, Inva
 
 /** The retry topics the consumer reads besides its own. */
 const retryTopicsOf = (topics: ReadonlyArray<string>, route: route.RouteSettings | undefined): ReadonlyArray<string> =>
-  route === undefined ? [] : topics.flatMap((topic) => route.delays.map((_, step) => FailureRoute.retryTopic(topic, step)))
+  route === undefined
+    ? []
+    : topics.flatMap((topic) => route.delays.map((_, step) => FailureRoute.retryTopic(topic, step)))
 
 const validTopic = /^[a-zA-Z0-9._-]{1,249}$/
 

@@ -80,7 +80,6 @@ export const createTopic = (
     }
   }).pipe(Effect.scoped)
 
-
 const toMessage = (record: ProduceRecord): Message => {
   const message: Message = { value: record.value === null ? null : toBuffer(record.value) }
   if (record.partition !== undefined) message.partition = record.partition
@@ -122,7 +121,6 @@ export const produce = (
       })
     }
   }).pipe(Effect.scoped)
-
 
 /** @internal */
 export const endOffsets = (

@@ -272,8 +272,7 @@ const seek = (f: Fetcher, tp: TopicPartition.TopicPartition, position: bigint): 
     state.moves++
     return Effect.try({
       try: () => f.options.consumer.seek({ topic: tp.topic, partition: tp.partition, offset: position.toString() }),
-      catch: (cause) =>
-        new DriverError({ operation: "seek", reason: describe(cause), cause })
+      catch: (cause) => new DriverError({ operation: "seek", reason: describe(cause), cause })
     }).pipe(Effect.ensuring(Effect.sync(() => syncFetching(f, state))))
   })
 

@@ -365,7 +365,9 @@ export const makeWriter = (
           Effect.map(readMetadata(topic, now), (read) =>
             known.set(topic, read instanceof ProduceFailed ? read : read.count)),
         { discard: true }
-      ).pipe(Effect.zipRight(Effect.suspend(() => sendLaidOut(batch, known, cache))))
+      ).pipe(Effect.zipRight(Effect.suspend(() =>
+        sendLaidOut(batch, known, cache)
+      )))
     })
   return write
 }

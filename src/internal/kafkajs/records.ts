@@ -51,7 +51,6 @@ const toBigInt = (text: string): bigint => {
   return n <= Number.MAX_SAFE_INTEGER ? BigInt(n) : BigInt(text)
 }
 
-
 /**
  * A record over kafkajs's message: one object of two fields, which reads each field of the record from the message
  * when it is read (the offset and the timestamp are parsed then, on every read). A plain record costs three objects

@@ -191,7 +191,10 @@ const close = (s: Session, settings: ConsumerSettings): Effect.Effect<void> =>
       Effect.catchAll((error) => Effect.logWarning(`kafkajs consumer did not disconnect cleanly: ${error.reason}`))
     )
     yield* Effect.forEach([s.admin, s.reader], (client) =>
-      Effect.tryPromise({ try: () => client.disconnect(), catch: driverError("disconnect") }).pipe(
+      Effect.tryPromise({
+        try: () => client.disconnect(),
+        catch: driverError("disconnect")
+      }).pipe(
         Effect.interruptible,
         Effect.timeoutOption("5 seconds"),
         Effect.ignore

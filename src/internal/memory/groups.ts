@@ -71,7 +71,15 @@ export const makeCoordinator = (
   const groupOf = (id: string): Group => {
     let group = groups.get(id)
     if (group === undefined) {
-      group = { id, members: [], generation: 0, rebalancing: false, committed: new Map(), metadata: new Map(), refusals: [] }
+      group = {
+        id,
+        members: [],
+        generation: 0,
+        rebalancing: false,
+        committed: new Map(),
+        metadata: new Map(),
+        refusals: []
+      }
       groups.set(id, group)
     }
     return group

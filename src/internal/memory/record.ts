@@ -13,7 +13,8 @@ export type ProducerRecord = Omit<TopicRecord, "topic">
 const encoder = new TextEncoder()
 
 /** @internal */
-export const bytes = (value: Uint8Array | string): Uint8Array => typeof value === "string" ? encoder.encode(value) : value
+export const bytes = (value: Uint8Array | string): Uint8Array =>
+  typeof value === "string" ? encoder.encode(value) : value
 
 /**
  * A record's headers as bytes: string values are encoded into one array, each header a view of its part of it (a

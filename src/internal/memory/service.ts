@@ -15,15 +15,16 @@ type Offsets = ReadonlyArray<readonly [partition: number, offset: bigint]>
 /** Topics and their logs: creating, writing, cleaning, reading their offsets. */
 const topicOperations = (broker: Broker) => {
   const { logs, notify } = broker
-  const produceWith = (operation: string, transaction: "commit" | "abort" | undefined) =>
-  (topicName: string, records: ReadonlyArray<ProducerRecord>): Effect.Effect<Offsets, DriverError> =>
-    Effect.gen(function*() {
-      const topic = yield* memoryLog.topicOf(logs, operation, topicName)
-      const planned = yield* memoryLog.plan(logs, operation, topic, records, yield* Clock.currentTimeMillis)
-      const out = memoryLog.write(topic, planned, transaction)
-      yield* notify
-      return out
-    })
+  const produceWith =
+    (operation: string, transaction: "commit" | "abort" | undefined) =>
+    (topicName: string, records: ReadonlyArray<ProducerRecord>): Effect.Effect<Offsets, DriverError> =>
+      Effect.gen(function*() {
+        const topic = yield* memoryLog.topicOf(logs, operation, topicName)
+        const planned = yield* memoryLog.plan(logs, operation, topic, records, yield* Clock.currentTimeMillis)
+        const out = memoryLog.write(topic, planned, transaction)
+        yield* notify
+        return out
+      })
   return {
     createTopic: (
       topic: string,
@@ -63,7 +64,10 @@ const topicOperations = (broker: Broker) => {
       Effect.flatMap(memoryLog.topicOf(logs, "deleteRecords", topicName), (topic) => {
         const log = topic.partitions[partition]
         if (log === undefined) {
-          return new DriverError({ operation: "deleteRecords", reason: `topic "${topicName}" has no partition ${partition}` })
+          return new DriverError({
+            operation: "deleteRecords",
+            reason: `topic "${topicName}" has no partition ${partition}`
+          })
         }
         if (before < 0n || before > log.end) {
           return new DriverError({

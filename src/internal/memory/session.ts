@@ -5,13 +5,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
-import type {
-  CommittedPosition,
-  DriverEvent,
-  DriverSession,
-  PartitionOffsets,
-  SessionOptions
-} from "../../Driver.js"
+import type { CommittedPosition, DriverEvent, DriverSession, PartitionOffsets, SessionOptions } from "../../Driver.js"
 import { CommitFailed, DriverError } from "../../KafkaError.js"
 import type * as OffsetBatch from "../../OffsetBatch.js"
 import * as TopicPartition from "../../TopicPartition.js"
@@ -191,7 +185,9 @@ const makeCommit = (
   const commitNow = (offsets: OffsetBatch.OffsetBatch): Effect.Effect<void, CommitFailed> => {
     if (broker.down) {
       const partitions = Array.from(offsets.positions.keys(), TopicPartition.fromKey)
-      return Effect.fail(new CommitFailed({ reason: "Disconnected", partitions, detail: "the broker cannot be reached" }))
+      return Effect.fail(
+        new CommitFailed({ reason: "Disconnected", partitions, detail: "the broker cannot be reached" })
+      )
     }
     const group = broker.coordinator.groupOf(member.groupId)
     const refused = groups.refuseCommit(member, group, offsets)

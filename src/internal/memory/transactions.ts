@@ -158,7 +158,12 @@ export const operations = ({ groupOf, logs, notify, producers }: Context) => {
       Effect.gen(function*() {
         const { now, state } = yield* current(transactionalId, epoch)
         if (typeof state === "string") {
-          return yield* new ProduceFailed({ reason: "Fenced", topic: topicName, code: "PRODUCER_FENCED", detail: state })
+          return yield* new ProduceFailed({
+            reason: "Fenced",
+            topic: topicName,
+            code: "PRODUCER_FENCED",
+            detail: state
+          })
         }
         const topic = logs.topics.get(topicName)
         if (topic === undefined) return yield* producer.unknownTopic(topicName)

@@ -113,7 +113,7 @@ export class Committer {
           (positions.size > 0 ? `the positions of ${keys(positions.keys())} wait for the next commit` : "") +
           (dropped.length > 0 ?
             `${positions.size > 0 ? "; " : ""}the final positions of ${keys(dropped)} are dropped (their next ` +
-              "owner repeats what was handled since their last commit)" :
+            "owner repeats what was handled since their last commit)" :
             "")
       )
     })

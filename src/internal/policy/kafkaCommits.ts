@@ -33,7 +33,9 @@ export const atMostOnce = (context: PolicyContext): Effect.Effect<PolicyInstance
           owned.delete(TopicPartition.key(partition))
           return Effect.as(
             Effect.logInfo(
-              `${TopicPartition.key(partition)}: ${error.message}; the chunk is skipped, its next owner starts before it`
+              `${
+                TopicPartition.key(partition)
+              }: ${error.message}; the chunk is skipped, its next owner starts before it`
             ),
             false
           )
@@ -83,8 +85,7 @@ export const autoCommit = (
     return {
       name: "autoCommit",
       awaitsRoutes: true,
-      assign: (partitions) =>
-        Effect.zipRight(committer.assign(partitions), kafkaStartPositions(context, partitions)),
+      assign: (partitions) => Effect.zipRight(committer.assign(partitions), kafkaStartPositions(context, partitions)),
       delivered: (partition, next) =>
         Effect.sync(() => {
           committer.unsafeAdd(partition, next, 0)
@@ -137,7 +138,9 @@ export const commitAfter = (
     yield* context.fork(commits)
     yield* context.fork(
       Effect.flatMap(Clock.currentTimeMillis, (now) => {
-        if (now < deadline) return Effect.sleep(Duration.millis(deadline - now))
+        if (now < deadline) {
+          return Effect.sleep(Duration.millis(deadline - now))
+        }
         deadline = now + every
         due.unsafeOffer(undefined)
         return Effect.sleep(maxInterval)
@@ -151,25 +154,32 @@ export const commitAfter = (
       assign: (partitions) =>
         Effect.zipRight(
           committer.assign(partitions),
-          Effect.map(whileUnreachable(context.session.committedWithMetadata(partitions), context.reconnectTimeout), (committed) => {
-            const positions = new Map<string, bigint>()
-            for (const [k, { metadata, position }] of committed) {
-              positions.set(k, position)
-              finishedBefore.set(k, Progress.decode(position, metadata))
+          Effect.map(
+            whileUnreachable(context.session.committedWithMetadata(partitions), context.reconnectTimeout),
+            (committed) => {
+              const positions = new Map<string, bigint>()
+              for (const [k, { metadata, position }] of committed) {
+                positions.set(k, position)
+                finishedBefore.set(k, Progress.decode(position, metadata))
+              }
+              return positions
             }
-            return positions
-          })
+          )
         ),
       finishedOnAssign: finishedBefore.take,
       // Records finishing out of order: the commit carries the lowest unfinished offset as the position and the
       // ranges finished above it as the position's metadata.
       outOfOrder: {
-        handle: (partition, _next, _finished, work, retry) => handled(context, partition, work, retry),
+        handle: (partition, _next, _finished, work, retry) =>
+          handled(context, partition, work, retry),
         progressed: (partition, progress, records) => {
-          if (committer.unsafeTrack(partition, progress, records) >= maxBatch) due.unsafeOffer(undefined)
+          if (committer.unsafeTrack(partition, progress, records) >= maxBatch) {
+            due.unsafeOffer(undefined)
+          }
         }
       },
-      delivered: () => Effect.void,
+      delivered: () =>
+        Effect.void,
       polled: Effect.void,
       // Runs once per chunk: combinators rather than a generator, and the bookkeeping after the handler is one
       // synchronous step.

@@ -35,8 +35,10 @@ export const transient = (error: unknown): boolean =>
  * `effect`, tried again while it fails with transient errors, for up to `within`: a broker away for less than the
  * consumer's `reconnectTimeout` does not end it.
  */
-export const whileUnreachable = <A, E, R>(effect: Effect.Effect<A, E, R>, within: Duration.Duration): Effect.Effect<A, E, R> =>
-  retryAfterFailure(effect, { schedule: persistentRetry(within), retryable: transient })
+export const whileUnreachable = <A, E, R>(
+  effect: Effect.Effect<A, E, R>,
+  within: Duration.Duration
+): Effect.Effect<A, E, R> => retryAfterFailure(effect, { schedule: persistentRetry(within), retryable: transient })
 
 /** `first` then `second`, without a step for either that does nothing (a crash point without faults). */
 export const andThen = <E1, R1, E2, R2>(
@@ -47,7 +49,8 @@ export const andThen = <E1, R1, E2, R2>(
 
 export const keys = (list: Iterable<string>) => Array.from(list).join(", ")
 
-export const partitionsOf = (positions: ReadonlyMap<string, bigint>) => Array.from(positions.keys(), TopicPartition.fromKey)
+export const partitionsOf = (positions: ReadonlyMap<string, bigint>) =>
+  Array.from(positions.keys(), TopicPartition.fromKey)
 
 /**
  * Ranges an earlier owner finished above a partition's start position, as read on assign; the runloop takes each

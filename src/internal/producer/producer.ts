@@ -7,11 +7,5 @@ export { type OnFailure, type Transport } from "./buffer.js"
 export { groupBy, type Layout, makePartitioner, type TopicRecords } from "./partitioner.js"
 export { refuse, sizeOf, unknownTopic } from "./record.js"
 export { checkTransactionalId, resolve, type Resolved, resolveTransactional } from "./settings.js"
-export {
-  inTransaction,
-  makeTransactional,
-  transactionFailed,
-  type TxnClient,
-  type TxnSession
-} from "./transaction.js"
+export { inTransaction, makeTransactional, transactionFailed, type TxnClient, type TxnSession } from "./transaction.js"
 export { isFailure, type Written } from "./written.js"

@@ -43,12 +43,16 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, InvalidConf
     }
     const idempotent = settings.idempotent ?? true
     if (typeof idempotent !== "boolean") {
-      return yield* new InvalidConfig({ field: "idempotent", reason: `must be true or false, got ${String(idempotent)}` })
+      return yield* new InvalidConfig({
+        field: "idempotent",
+        reason: `must be true or false, got ${String(idempotent)}`
+      })
     }
     if (idempotent && acks !== "all") {
       return yield* new InvalidConfig({
         field: "acks",
-        reason: `an idempotent producer needs acks "all" (got ${acks}): a record acknowledged by the leader alone can ` +
+        reason:
+          `an idempotent producer needs acks "all" (got ${acks}): a record acknowledged by the leader alone can ` +
           "be lost with it, which idempotence cannot repair; set idempotent: false to use acks 0 or 1"
       })
     }
@@ -64,7 +68,13 @@ export const resolve = (settings: Settings): Effect.Effect<Resolved, InvalidConf
       ? Duration.zero
       : yield* positiveDuration("linger", settings.linger)
     const batchSize = yield* integerIn("batchSize", settings.batchSize, 256 * 1024, 1, 64 * 1024 * 1024)
-    const maxRequestSize = yield* integerIn("maxRequestSize", settings.maxRequestSize, 1024 * 1024, 1, 1024 * 1024 * 1024)
+    const maxRequestSize = yield* integerIn(
+      "maxRequestSize",
+      settings.maxRequestSize,
+      1024 * 1024,
+      1,
+      1024 * 1024 * 1024
+    )
     const compression = settings.compression ?? "none"
     if (compression !== "none" && compression !== "gzip") {
       return yield* new InvalidConfig({
@@ -121,6 +131,9 @@ export const resolveTransactional = (settings: Omit<TransactionalSettings, "tran
   Effect.gen(function*() {
     const { transactionTimeout: _, ...rest } = settings
     const resolved = yield* resolve({ ...rest, acks: "all", idempotent: true, maxInFlightRequests: 1 })
-    const transactionTimeout = yield* positiveDuration("transactionTimeout", settings.transactionTimeout ?? "60 seconds")
+    const transactionTimeout = yield* positiveDuration(
+      "transactionTimeout",
+      settings.transactionTimeout ?? "60 seconds"
+    )
     return { resolved, transactionTimeout }
   })

@@ -9,12 +9,7 @@ import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import { ProduceFailed, TransactionFailed } from "../../KafkaError.js"
 import { Observability } from "../../Observability.js"
-import {
-  Producer,
-  type ProducerRecord,
-  type TransactionalProducer,
-  type TransactionOffsets
-} from "../../Producer.js"
+import { Producer, type ProducerRecord, type TransactionalProducer, type TransactionOffsets } from "../../Producer.js"
 import * as telemetry from "../telemetry/telemetry.js"
 import { make } from "./batcher.js"
 import type { Resolved } from "./settings.js"

@@ -19,8 +19,7 @@ const counted = <E, R>(
   context: RouteContext<E, R>,
   records: Chunk.Chunk<ConsumerRecord>,
   tp: TopicPartition.TopicPartition
-) =>
-  Attempts.counted(context.attempts, tp, records, context.work(records, tp))
+) => Attempts.counted(context.attempts, tp, records, context.work(records, tp))
 
 /** Records up to `upTo` were handled: failures below them are no longer in a row. */
 const handled = <E, R>(context: RouteContext<E, R>, tp: TopicPartition.TopicPartition, upTo: bigint) =>

@@ -4,7 +4,10 @@ import * as Option from "effect/Option"
 import { InvalidConfig } from "../../KafkaError.js"
 
 /** A positive, finite duration, or a `InvalidConfig` naming `field`. */
-export const positiveDuration = (field: string, input: Duration.DurationInput): Effect.Effect<Duration.Duration, InvalidConfig> =>
+export const positiveDuration = (
+  field: string,
+  input: Duration.DurationInput
+): Effect.Effect<Duration.Duration, InvalidConfig> =>
   Effect.suspend(() => {
     const decoded = Duration.decodeUnknown(input)
     if (Option.isNone(decoded) || !Duration.isFinite(decoded.value) || Duration.toMillis(decoded.value) <= 0) {

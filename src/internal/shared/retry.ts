@@ -21,7 +21,8 @@ import * as ScheduleIntervals from "effect/ScheduleIntervals"
 export const retryAfterFailure = <A, E, R, R2>(
   effect: Effect.Effect<A, E, R>,
   options: { readonly schedule: Schedule.Schedule<unknown, E, R2>; readonly retryable: (error: E) => boolean }
-): Effect.Effect<A, E, R | R2> => Effect.catchIf(effect, options.retryable, (first) => retryFrom(effect, first, options))
+): Effect.Effect<A, E, R | R2> =>
+  Effect.catchIf(effect, options.retryable, (first) => retryFrom(effect, first, options))
 
 /**
  * Retries `effect` as `schedule` says, after a failure already seen (`first`), which counts as its first attempt.
@@ -35,12 +36,15 @@ export const retryFrom = <A, E, R, R2>(
 ): Effect.Effect<A, E, R | R2> => {
   const { retryable, schedule } = options
   const after = (error: E, state: unknown): Effect.Effect<A, E, R | R2> =>
-    Effect.flatMap(Clock.currentTimeMillis, (now) =>
-      Effect.flatMap(schedule.step(now, error, state), ([next, , decision]) => {
-        if (ScheduleDecision.isDone(decision)) return Effect.fail(error)
-        const again = Effect.catchIf(effect, retryable, (error) => after(error, next))
-        const wait = ScheduleIntervals.start(decision.intervals) - now
-        return wait > 0 ? Effect.zipRight(Effect.sleep(Duration.millis(wait)), again) : again
-      }))
+    Effect.flatMap(
+      Clock.currentTimeMillis,
+      (now) =>
+        Effect.flatMap(schedule.step(now, error, state), ([next, , decision]) => {
+          if (ScheduleDecision.isDone(decision)) return Effect.fail(error)
+          const again = Effect.catchIf(effect, retryable, (error) => after(error, next))
+          const wait = ScheduleIntervals.start(decision.intervals) - now
+          return wait > 0 ? Effect.zipRight(Effect.sleep(Duration.millis(wait)), again) : again
+        })
+    )
   return after(first, schedule.initial)
 }

@@ -3,18 +3,16 @@
  * crash is told at the top of `file/chain.ts`.
  */
 import type * as FileSystem from "@effect/platform/FileSystem"
-import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
-import type { InvalidConfig } from "../../KafkaError.js"
-import type { Claim, CommitUnit, Fenced, Transaction } from "../../OffsetStore.js"
-import { OffsetStore, type OffsetStoreError, Results } from "../../OffsetStore.js"
+import type { Fenced, InvalidConfig, OffsetStoreError } from "../../KafkaError.js"
+import type { Claim, CommitUnit, Transaction } from "../../OffsetStore.js"
 import * as TopicPartition from "../../TopicPartition.js"
 import { scanHead } from "./file/chain.js"
 import { open, validate } from "./file/directory.js"
 import { compactEvery, STORE } from "./file/format.js"
 import { partitionsOf, readPartition } from "./file/results.js"
 import { claimPartition, storeUnit } from "./file/writes.js"
-import { runUnit } from "./unitBuffer.js"
+import type { StoreParts, UnitRunner } from "./unitBuffer.js"
 
 export { compactEvery } from "./file/format.js"
 
@@ -25,8 +23,9 @@ export { compactEvery } from "./file/format.js"
  */
 export const make = (
   directory: string,
+  runUnit: UnitRunner,
   options?: { readonly compactEvery?: number }
-): Effect.Effect<Context.Context<OffsetStore | Results>, InvalidConfig | OffsetStoreError, FileSystem.FileSystem> =>
+): Effect.Effect<StoreParts, InvalidConfig | OffsetStoreError, FileSystem.FileSystem> =>
   Effect.map(open(directory, options?.compactEvery ?? compactEvery), (files) => {
     const commit = <A, E, R>(
       unit: CommitUnit,
@@ -83,5 +82,5 @@ export const make = (
         Effect.map((results) => results.flat())
       )
 
-    return Context.make(OffsetStore, { name: STORE, load, claim, commit }).pipe(Context.add(Results, { read }))
+    return { store: { name: STORE, load, claim, commit }, results: { read } }
   })

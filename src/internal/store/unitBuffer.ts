@@ -1,5 +1,7 @@
+import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
-import { type CommitUnit, Fenced, Transaction } from "../../OffsetStore.js"
+import { Fenced } from "../../KafkaError.js"
+import type { CommitUnit, OffsetStore, Results, Transaction } from "../../OffsetStore.js"
 
 /**
  * The open transaction of the memory and file stores: results appended by the work, kept as JSON text so that what
@@ -33,25 +35,43 @@ export const outsideUnitReason =
   "transactional policy (not in hooks, nor in fibers that outlive the handler)"
 
 /**
- * Runs `work` with a fresh `UnitBuffer` as its `Transaction` and returns its value with the appended entries. The
- * buffer closes when the work ends, so that a fiber forked by the work cannot append after the unit was decided.
+ * Runs a unit's work with a fresh `UnitBuffer` as its `Transaction`, returning its value and the entries it appended.
  *
  * @internal
  */
-export const runUnit = <A, E, R>(
+export type UnitRunner = <A, E, R>(
   store: string,
   work: Effect.Effect<A, E, R>
-): Effect.Effect<readonly [A, ReadonlyArray<string>], E, Exclude<R, Transaction>> =>
+) => Effect.Effect<readonly [A, ReadonlyArray<string>], E, Exclude<R, Transaction>>
+
+/**
+ * The runner of units over the `Transaction` tag. The tag is declared in the public `OffsetStore` module, which builds
+ * the memory and file stores from this module's parts: taking the tag as an argument keeps that import one-way.
+ * The buffer closes when the work ends, so that a fiber forked by the work cannot append after the unit was decided.
+ *
+ * @internal
+ */
+export const unitRunner = (transaction: typeof Transaction): UnitRunner => (store, work) =>
   Effect.suspend(() => {
     const buffer = new UnitBuffer()
     return work.pipe(
-      Effect.provideService(Transaction, { store, handle: buffer }),
+      Effect.provideService(transaction, { store, handle: buffer }),
       Effect.ensuring(Effect.sync(() => {
         buffer.open = false
       })),
       Effect.map((value) => [value, buffer.entries] as const)
     )
   })
+
+/**
+ * A store's services before they are put under their tags (by the public `OffsetStore` module).
+ *
+ * @internal
+ */
+export interface StoreParts {
+  readonly store: Context.Tag.Service<typeof OffsetStore>
+  readonly results: Context.Tag.Service<typeof Results>
+}
 
 /**
  * The refusal of a unit whose owner epoch is no longer the partition's (`current`).

@@ -12,10 +12,9 @@ import * as Exit from "effect/Exit"
 import * as Option from "effect/Option"
 import type { ConsumerRecord } from "../../ConsumerRecord.js"
 import type { DriverSession } from "../../Driver.js"
-import { CommitFailed, TransactionFailed } from "../../KafkaError.js"
+import { CommitFailed, Fenced, TransactionFailed } from "../../KafkaError.js"
 import type * as OffsetBatch from "../../OffsetBatch.js"
 import { type LagSnapshot, metrics } from "../../Observability.js"
-import { Fenced } from "../../OffsetStore.js"
 import * as TopicPartition from "../../TopicPartition.js"
 import { HandlerFailure } from "../route/failures.js"
 import { errorType, label, type Labels, LabelSet, seconds, type Settings, system } from "./labels.js"
@@ -46,7 +45,10 @@ export interface ConsumerTelemetry {
   readonly received: (tp: TopicPartition.TopicPartition, records: number) => void
   readonly handled: (tp: TopicPartition.TopicPartition, records: number) => void
   readonly routed: (tp: TopicPartition.TopicPartition, topic: string) => void
-  readonly rebalance: (event: "assigned" | "revoked" | "lost", partitions: ReadonlyArray<TopicPartition.TopicPartition>) => void
+  readonly rebalance: (
+    event: "assigned" | "revoked" | "lost",
+    partitions: ReadonlyArray<TopicPartition.TopicPartition>
+  ) => void
   /** The driver session with its commits counted, timed, traced, and their positions kept for the lag. */
   readonly session: (session: DriverSession) => DriverSession
   /** A handler call, timed, its failures counted. */
@@ -93,7 +95,6 @@ const reportingOwnIds = (settings: Settings): Settings => {
       })
   }
 }
-
 
 /** What a consumer session's instruments share. */
 interface ConsumerState {
@@ -247,7 +248,9 @@ const commit = (
         const failure = Cause.failureOption(exit.cause)
         const type = Option.isSome(failure) && failure.value instanceof CommitFailed
           ? failure.value.reason
-          : Cause.isInterruptedOnly(exit.cause) ? "interrupted" : "defect"
+          : Cause.isInterruptedOnly(exit.cause)
+          ? "interrupted"
+          : "defect"
         metrics.commitFailures.unsafeUpdate(1, group.failed(type))
         metrics.commitDuration.unsafeUpdate(seconds(clock, start), group.failed(type))
       }))

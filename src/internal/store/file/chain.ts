@@ -1,11 +1,11 @@
 /**
  * A partition's chain of segments: listing and reading it, and linking the segment that follows its newest one.
  */
+import type { OffsetStoreError } from "../../../KafkaError.js"
 import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
-import type { OffsetStoreError } from "../../../OffsetStore.js"
 import type * as TopicPartition from "../../../TopicPartition.js"
 import {
   createFile,

@@ -4,8 +4,7 @@
  */
 import * as FileSystem from "@effect/platform/FileSystem"
 import * as Effect from "effect/Effect"
-import { InvalidConfig } from "../../../KafkaError.js"
-import type { OffsetStoreError } from "../../../OffsetStore.js"
+import { InvalidConfig, type OffsetStoreError } from "../../../KafkaError.js"
 import type * as TopicPartition from "../../../TopicPartition.js"
 import { encodeName, type Head, ioError, isAlreadyExists, isNotFound, join, parentOf, storeError } from "./format.js"
 

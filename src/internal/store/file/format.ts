@@ -6,9 +6,9 @@ import type { PlatformError } from "@effect/platform/Error"
 import * as Data from "effect/Data"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
-import { OffsetStoreError } from "../../../OffsetStore.js"
 import type * as TopicPartition from "../../../TopicPartition.js"
 import type { Range as FinishedRange } from "../../consumer/progress.js"
+import { OffsetStoreError } from "../../../KafkaError.js"
 
 const FORMAT_1 = "effect-kafka-delivery/offset-segment/1"
 const SEQUENCE_DIGITS = 20

@@ -1,10 +1,10 @@
 /**
  * Reading a partition's committed results back: the segments since the newest checkpoint, and the archives before.
  */
+import type { OffsetStoreError } from "../../../KafkaError.js"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
-import type { OffsetStoreError } from "../../../OffsetStore.js"
 import * as TopicPartition from "../../../TopicPartition.js"
 import { listSegments, readSegment } from "./chain.js"
 import { type Files, groupDirectory, partitionDirectory } from "./directory.js"
@@ -48,8 +48,7 @@ const readArchives = (
         )
       )
       const archive = yield* Either.match(decodeArchive(text), {
-        onLeft: (error) =>
-          Effect.fail(corruptArchive("read", path, `it is not a valid archive (${error.message})`)),
+        onLeft: (error) => Effect.fail(corruptArchive("read", path, `it is not a valid archive (${error.message})`)),
         onRight: Effect.succeed
       })
       if (
@@ -97,14 +96,18 @@ export const readPartition = (
   tp: TopicPartition.TopicPartition
 ): Effect.Effect<Array<unknown>, OffsetStoreError> => {
   const live = (left: number): Effect.Effect<Array<Segment>, OffsetStoreError> =>
-    Effect.catchIf(liveSegments(files, groupId, tp), (error): error is Moved => error instanceof Moved, (moved) =>
-      left > 1 ? live(left - 1) : Effect.fail(
-        storeError(
-          "read",
-          `segment file ${moved.path} is missing: the chain of segments has a gap (or something keeps deleting ` +
-            "its files). Restore the file from a backup"
+    Effect.catchIf(
+      liveSegments(files, groupId, tp),
+      (error): error is Moved => error instanceof Moved,
+      (moved) =>
+        left > 1 ? live(left - 1) : Effect.fail(
+          storeError(
+            "read",
+            `segment file ${moved.path} is missing: the chain of segments has a gap (or something keeps deleting ` +
+              "its files). Restore the file from a backup"
+          )
         )
-      ))
+    )
   return Effect.flatMap(live(READ_ATTEMPTS), (segments) => {
     for (let i = 1; i < segments.length; i++) {
       const previous = segments[i - 1]

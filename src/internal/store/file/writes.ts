@@ -2,7 +2,7 @@
  * The two writes of the file store, each a segment linked on top of the newest one: a claim, and a committed unit.
  */
 import * as Effect from "effect/Effect"
-import type { Claim, CommitUnit, Fenced, OffsetStoreError } from "../../../OffsetStore.js"
+import type { Claim, CommitUnit } from "../../../OffsetStore.js"
 import * as TopicPartition from "../../../TopicPartition.js"
 import { advance } from "../../consumer/progress.js"
 import { fencedUnit } from "../unitBuffer.js"
@@ -10,6 +10,7 @@ import { linkAfter, scanHead } from "./chain.js"
 import { compact } from "./compaction.js"
 import { cacheKey, type Files, lockOf } from "./directory.js"
 import { claimedEpoch, claimOrUnit } from "./format.js"
+import type { Fenced, OffsetStoreError } from "../../../KafkaError.js"
 
 /**
  * The newest segment this store linked is where its next unit goes. Whenever that is not so (another store linked

@@ -9,8 +9,7 @@ import * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import postgres from "postgres"
-import { InvalidConfig } from "../../../KafkaError.js"
-import { OffsetStoreError } from "../../../OffsetStore.js"
+import { InvalidConfig, OffsetStoreError } from "../../../KafkaError.js"
 import { describe, isTransient, isTransientError, STORE, toStoreError, Transient } from "./errors.js"
 import { decodeColumns, quote } from "./sql.js"
 import type { IsolationLevel as PgIsolationLevel, Options as PgOffsetStoreOptions } from "../../../PgOffsetStore.js"
@@ -86,10 +85,10 @@ export const connect = (options: Options): Effect.Effect<Client, InvalidConfig |
     const sql = yield* Effect.acquireRelease(
       Effect.try({
         try: () => postgres(url, { onnotice: () => {}, connect_timeout: 10 }),
-        catch: (cause) => new InvalidConfig({ field: "url", reason: `not a Postgres connection URL: ${describe(cause)}` })
+        catch: (cause) =>
+          new InvalidConfig({ field: "url", reason: `not a Postgres connection URL: ${describe(cause)}` })
       }),
-      (sql) =>
-        Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.ignore, Effect.timeoutOption("10 seconds"))
+      (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.ignore, Effect.timeoutOption("10 seconds"))
     )
     return { sql, table, target: targetOf(sql) }
   })

@@ -3,7 +3,7 @@
  * says what to do about the others.
  */
 import * as Data from "effect/Data"
-import { OffsetStoreError } from "../../../OffsetStore.js"
+import { OffsetStoreError } from "../../../KafkaError.js"
 
 /** @internal */
 export const STORE = "postgres"

@@ -31,7 +31,13 @@ export const decodePositions = Schema.decodeUnknownSync(
 /** @internal */
 export const decodeClaims = Schema.decodeUnknownSync(
   Schema.Array(
-    Schema.Tuple(Schema.String, Schema.String, Schema.NullOr(Schema.String), Schema.String, Schema.NullOr(Schema.String))
+    Schema.Tuple(
+      Schema.String,
+      Schema.String,
+      Schema.NullOr(Schema.String),
+      Schema.String,
+      Schema.NullOr(Schema.String)
+    )
   )
 )
 /** @internal */

@@ -4,9 +4,10 @@
  */
 import * as Effect from "effect/Effect"
 import type postgres from "postgres"
-import { OffsetStoreError, Transaction } from "../../../OffsetStore.js"
+import { Transaction } from "../../../OffsetStore.js"
 import { OutsideUnit, outsideUnitReason } from "../unitBuffer.js"
 import { describe, errorCode, isConnectionLost, isTransient, STORE } from "./errors.js"
+import { OffsetStoreError } from "../../../KafkaError.js"
 
 /**
  * The connection object postgres.js hands to a query's `onexecute`. While `sql.begin` holds it for a transaction,
@@ -138,8 +139,7 @@ export class RolledBack extends Error {}
 export const transactionOf = (operation: string): Effect.Effect<PgTransaction, OffsetStoreError, Transaction> =>
   Effect.flatMap(Transaction, (transaction) => {
     const handle = transaction.handle
-    const fail = (reason: string) =>
-      Effect.fail(new OffsetStoreError({ store: transaction.store, operation, reason }))
+    const fail = (reason: string) => Effect.fail(new OffsetStoreError({ store: transaction.store, operation, reason }))
     if (handle instanceof OutsideUnit) return fail(outsideUnitReason)
     if (!(handle instanceof PgTransaction)) {
       return fail(

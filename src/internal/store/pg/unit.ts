@@ -6,7 +6,7 @@ import * as Cause from "effect/Cause"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import type postgres from "postgres"
-import { type CommitUnit, Fenced, OffsetStoreError, Transaction } from "../../../OffsetStore.js"
+import { type CommitUnit, Transaction } from "../../../OffsetStore.js"
 import * as Progress from "../../consumer/progress.js"
 import { onPool, type Pg, retrying } from "./client.js"
 import {
@@ -20,13 +20,8 @@ import {
   Transient
 } from "./errors.js"
 import { decodeLocked, decodeText, prepared } from "./sql.js"
-import {
-  PgTransaction,
-  RolledBack,
-  type Session,
-  TransactionClosed,
-  type TrackedConnection
-} from "./transaction.js"
+import { PgTransaction, RolledBack, type Session, TransactionClosed, type TrackedConnection } from "./transaction.js"
+import { Fenced, OffsetStoreError } from "../../../KafkaError.js"
 
 /**
  * The position of a unit, stored: the transaction's id (to settle a COMMIT whose answer is lost), and, when the
@@ -302,7 +297,9 @@ const attempt = <A, E, R>(
           )
         )
         return exit.value
-      })).pipe(Effect.onExit((exit) => Exit.isSuccess(exit) ? Effect.void : rollback(session)))
+      })).pipe(Effect.onExit((exit) =>
+        Exit.isSuccess(exit) ? Effect.void : rollback(session)
+      ))
     })
   )
 
