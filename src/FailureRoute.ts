@@ -94,6 +94,30 @@ export const stop: Stop = { _tag: "Stop" }
  * Records that keep failing are written to `topic` and the partition goes on; `maxInARow` failing in a row (default
  * 10) stop the consumer with `CircuitOpen` instead. See the module's documentation for the guarantee per policy.
  *
+ * @example
+ * ```ts
+ * import { CommitPolicy, Consumer, FailureRoute, KafkaJs } from "effect-kafka-delivery"
+ * import * as Effect from "effect/Effect"
+ * import * as Layer from "effect/Layer"
+ *
+ * // A record that still fails after its retries goes to `payments-dlq`, and the partition goes on. The route writes
+ * // through a `Producer`, which the consumer's type now requires.
+ * const consumer = Consumer.runEach({
+ *   groupId: "ledger",
+ *   topics: ["payments"],
+ *   onFailure: FailureRoute.deadLetter({ topic: "payments-dlq" })
+ * }, (record) => record.value === null ? Effect.fail("empty payment" as const) : Effect.void)
+ *
+ * const brokers = ["127.0.0.1:9092"]
+ * const program = consumer.pipe(
+ *   Effect.provide(Layer.mergeAll(
+ *     CommitPolicy.commitAfter({ maxBatch: 500, maxInterval: "1 second" }),
+ *     KafkaJs.layer({ brokers }),
+ *     KafkaJs.layerProducer({ brokers, idempotent: true })
+ *   ))
+ * )
+ * ```
+ *
  * @since 0.1.0
  * @category constructors
  */

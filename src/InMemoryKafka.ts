@@ -192,6 +192,24 @@ const makeBroker = (options: Options) =>
 /**
  * The broker and a `Driver` on it, in one layer.
  *
+ * @example
+ * ```ts
+ * import { CommitPolicy, Consumer, InMemoryKafka } from "effect-kafka-delivery"
+ * import * as Effect from "effect/Effect"
+ *
+ * // A test of a consumer with no broker to start: records in, then the group's committed positions read back.
+ * const test = Effect.gen(function*() {
+ *   yield* InMemoryKafka.createTopic("orders", 1)
+ *   yield* InMemoryKafka.produce("orders", [{ key: "o-1", value: "paid" }, { key: "o-2", value: "paid" }])
+ *   yield* Consumer.runEach({ groupId: "billing", topics: ["orders"] }, () => Effect.void).pipe(
+ *     Effect.provide(CommitPolicy.commitAfter({ maxBatch: 1, maxInterval: "1 second" })),
+ *     Effect.timeout("200 millis"),
+ *     Effect.ignore
+ *   )
+ *   return yield* InMemoryKafka.committed("billing") // positions: orders-0 at 2
+ * }).pipe(Effect.provide(InMemoryKafka.layer()))
+ * ```
+ *
  * @since 0.1.0
  * @category layers
  */

@@ -147,6 +147,22 @@ export class Results extends Context.Tag("effect-kafka-delivery/OffsetStore/Resu
  * Fails when the store of the open transaction keeps results elsewhere (Postgres: use `PgOffsetStore.sql`) or when
  * the unit of work has already ended.
  *
+ * @example
+ * ```ts
+ * import { CommitPolicy, Consumer, ConsumerRecord, OffsetStore } from "effect-kafka-delivery"
+ * import * as Effect from "effect/Effect"
+ * import * as Layer from "effect/Layer"
+ *
+ * // Each record's result lands in the store with the partition's position, in one unit: never twice, never lost.
+ * const consumer = Consumer.run({ groupId: "totals", topics: ["sales"] }, (records) =>
+ *   OffsetStore.append(records.pipe((chunk) => Array.from(chunk, (record) => ConsumerRecord.valueString(record)))))
+ *
+ * // `OffsetStore.append` requires `Transaction`, which only the transactional policy provides.
+ * const program = consumer.pipe(
+ *   Effect.provide(CommitPolicy.transactional().pipe(Layer.provideMerge(OffsetStore.layerMemory)))
+ * )
+ * ```
+ *
  * @since 0.1.0
  * @category transactions
  */

@@ -149,6 +149,20 @@ export class Producer extends Context.Tag("effect-kafka-delivery/Producer")<Prod
 }>() {}
 
 /**
+ * @example
+ * ```ts
+ * import { InMemoryKafka, Producer } from "effect-kafka-delivery"
+ * import * as Effect from "effect/Effect"
+ * import * as Layer from "effect/Layer"
+ *
+ * // The send ends once the broker has the record: its partition and offset, or a `ProduceFailed` saying why not.
+ * const sent = Effect.gen(function*() {
+ *   yield* InMemoryKafka.createTopic("orders", 3)
+ *   const metadata = yield* Producer.send({ topic: "orders", key: "o-1", value: "paid" })
+ *   return `${metadata.topic}-${metadata.partition}@${metadata.offset}`
+ * }).pipe(Effect.provide(InMemoryKafka.layerProducer().pipe(Layer.provideMerge(InMemoryKafka.layer()))))
+ * ```
+ *
  * @since 0.1.0
  * @category accessors
  */
