@@ -14,7 +14,7 @@
 #   scripts/kafka.sh start-node N   start node N again on its data, and wait until it is ready
 #
 # Environment:
-#   KAFKA_VERSION         the Apache Kafka release to run: 3.9.1 (the default) or a later one, such as 4.4.0; each
+#   KAFKA_VERSION         the Apache Kafka release to run: 4.4.0 (the default), or another, such as 3.9.1; each
 #                         version's jars are fetched once and cached apart (in $KAFKA_CACHE_DIR/libs-<version>)
 #   KAFKA_PORT            client port (default 19092); the controller listens on KAFKA_PORT + 1
 #   KAFKA_START_TIMEOUT   seconds to wait for the broker to be ready (default 90)
@@ -30,7 +30,7 @@ set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PROJECT_DIR="$(cd "$SCRIPT_DIR/.." && pwd)"
 
-KAFKA_VERSION="${KAFKA_VERSION:-3.9.1}"
+KAFKA_VERSION="${KAFKA_VERSION:-4.4.0}"
 KAFKA_PORT="${KAFKA_PORT:-19092}"
 START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
 STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
@@ -88,7 +88,7 @@ usage: $0 fetch|start|stop|status|kill-node N|start-node N
   fetch         fetch the broker's jars into the cache (start does this too)
   libs          fetch them if needed, and print the folder that holds them (kafka-clients too, for Java helpers)
   start         start a single-node Kafka broker on 127.0.0.1:\$KAFKA_PORT (default 19092), or with KAFKA_NODES=3 a
-                cluster of three; \$KAFKA_VERSION picks the release (default 3.9.1; 4.4.0 too)
+                cluster of three; \$KAFKA_VERSION picks the release (default 4.4.0; 3.9.1 too)
   stop          stop it and delete its data
   status        exit 0 when it runs, 3 when it does not
   kill-node N   (KAFKA_NODES=3) SIGKILL node N, keeping its data

@@ -110,7 +110,7 @@ if (brokers) {
   })
 
   describe("KafkaJs producer and the Java client", () => {
-    /** Writes one record per key with the Java client (kafka-clients 3.9.1, default partitioner); key → partition. */
+    /** Writes one record per key with the Java client (the broker's kafka-clients, default partitioner); key → partition. */
     const javaPartitions = (topic: string, keys: ReadonlyArray<string>) =>
       Effect.map(runJava("KeyPartitions.java", [brokers, topic, ...keys]), (stdout) => {
         const out = new Map<string, number>()
