@@ -7,7 +7,6 @@ import { assert, describe, it } from "@effect/vitest"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
-import * as FiberId from "effect/FiberId"
 import * as Queue from "effect/Queue"
 import type { Admin, Consumer } from "kafkajs"
 import type { DriverEvent } from "../src/Driver.js"
@@ -15,7 +14,14 @@ import { DriverError } from "../src/KafkaError.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 import { poll } from "../src/internal/kafkajs/batches.js"
 import type { Fetch } from "../src/internal/kafkajs/fetch.js"
-import { onCrash, onGroupJoin, onHeartbeatAnswer, onJoinGroup, type Session } from "../src/internal/kafkajs/member.js"
+import {
+  freshMemberState,
+  onCrash,
+  onGroupJoin,
+  onHeartbeatAnswer,
+  onJoinGroup,
+  type Session
+} from "../src/internal/kafkajs/member.js"
 import type { Entry } from "../src/internal/kafkajs/partitions.js"
 import type { ReadWire } from "../src/internal/kafkajs/readWire.js"
 import {
@@ -132,24 +138,13 @@ const makeSession = (options: { readonly isStatic?: boolean } = {}) => {
     tick: 500,
     holdLimit: 60_000,
     queue: Effect.runSync(Queue.unbounded<Entry>()),
-    owned: new Map(),
-    committedPositions: new Map(),
-    revoke: undefined,
-    memberId: "",
-    joined: false,
-    closed: false,
-    failure: undefined,
-    crash: undefined,
-    settled: Deferred.unsafeMake<void>(FiberId.none),
-    waitedForRestart: false,
-    deferred: undefined,
+    ...freshMemberState(),
     wire,
     consumer: {} as Consumer,
     admin: {} as Admin,
     reader: {} as Admin,
     readWire: {} as ReadWire,
     reads: Effect.runSync(Effect.makeSemaphore(1)),
-    unstableWarned: false,
     fetcher
   }
   const events = (): Array<DriverEvent> =>

@@ -6,6 +6,7 @@ import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
+import * as FiberId from "effect/FiberId"
 import type * as Queue from "effect/Queue"
 import type { Admin, Consumer } from "kafkajs"
 import { DriverError } from "../../KafkaError.js"
@@ -82,6 +83,27 @@ export interface Session {
   unstableWarned: boolean
   readonly fetcher: Fetch
 }
+
+/**
+ * A new member's state: nothing owned or committed yet, not joined, no revoke under way. Every session starts from it
+ * (and the tests of the state table too).
+ *
+ * @internal
+ */
+export const freshMemberState = () => ({
+  owned: new Map<string, TopicPartition.TopicPartition>(),
+  committedPositions: new Map<string, bigint>(),
+  revoke: undefined,
+  memberId: "",
+  joined: false,
+  closed: false,
+  failure: undefined,
+  crash: undefined,
+  settled: Deferred.unsafeMake<void>(FiberId.none),
+  waitedForRestart: false,
+  deferred: undefined,
+  unstableWarned: false
+})
 
 /**
  * kafkajs runs on wall-clock time; `poll` waits on it too, even in a test that installs the `TestClock`.

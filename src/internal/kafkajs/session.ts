@@ -8,7 +8,6 @@ import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as FiberId from "effect/FiberId"
 import * as Queue from "effect/Queue"
 import * as Runtime from "effect/Runtime"
 import type * as Scope from "effect/Scope"
@@ -28,6 +27,7 @@ import {
   beginRevoke,
   byTopic,
   enqueue,
+  freshMemberState,
   k,
   liveClock,
   type Log,
@@ -343,24 +343,13 @@ export const connect = (
       tick: plan.tick,
       holdLimit: plan.holdLimit,
       queue,
-      owned: new Map(),
-      committedPositions: new Map(),
-      revoke: undefined,
-      memberId: "",
-      joined: false,
-      closed: false,
-      failure: undefined,
-      crash: undefined,
-      settled: Deferred.unsafeMake<void>(FiberId.none),
-      waitedForRestart: false,
-      deferred: undefined,
+      ...freshMemberState(),
       wire,
       consumer,
       admin,
       reader,
       readWire,
       reads,
-      unstableWarned: false,
       fetcher
     }
 
