@@ -141,29 +141,17 @@ export const fromFile = (file: typeof SegmentFile.Type): Segment => {
         results: file.results
       }
     case FORMAT:
-      return file.kind === "checkpoint"
-        ? {
-          sequence: file.sequence,
-          id: file.id,
-          kind: file.kind,
-          epoch: file.epoch,
-          next: file.next,
-          finished: file.finished ?? [],
-          archive: { first: file.archivedFrom, last: file.archivedThrough },
-          from: undefined,
-          results: []
-        }
-        : {
-          sequence: file.sequence,
-          id: file.id,
-          kind: file.kind,
-          epoch: file.epoch,
-          next: file.next,
-          finished: file.finished ?? [],
-          archive: undefined,
-          from: undefined,
-          results: file.results
-        }
+      return {
+        sequence: file.sequence,
+        id: file.id,
+        kind: file.kind,
+        epoch: file.epoch,
+        next: file.next,
+        finished: file.finished ?? [],
+        archive: file.kind === "checkpoint" ? { first: file.archivedFrom, last: file.archivedThrough } : undefined,
+        from: undefined,
+        results: file.kind === "checkpoint" ? [] : file.results
+      }
   }
 }
 
