@@ -9,7 +9,14 @@ const nodeBuiltins = builtinModules
 
 // The Node adapters: kafkajs and postgres run on Node, so these are the only modules of the library that may import
 // Node built-ins or those drivers. The rest runs wherever Effect runs (Deno and Bun as well).
-const nodeAdapters = ["src/KafkaJs.ts", "src/internal/kafkajs/**", "src/PgOffsetStore.ts", "src/internal/store/pg/**"]
+const nodeAdapters = [
+  "src/KafkaJs.ts",
+  "src/internal/kafkajs/**",
+  "src/Platformatic.ts",
+  "src/internal/platformatic/**",
+  "src/PgOffsetStore.ts",
+  "src/internal/store/pg/**"
+]
 
 export default tseslint.config(
   {
@@ -72,9 +79,9 @@ export default tseslint.config(
       // effect and @effect/platform are imported a module at a time, so that a bundle holds only what is used.
       "@effect/no-import-from-barrel-package": ["error", { packageNames: ["effect", "@effect/platform"] }],
       "no-restricted-imports": ["error", {
-        paths: [...nodeBuiltins, "kafkajs", "postgres"].map((name) => ({
+        paths: [...nodeBuiltins, "kafkajs", "@platformatic/kafka", "postgres"].map((name) => ({
           name,
-          message: "Only the Node adapters (KafkaJs, PgOffsetStore and their internal modules) import it."
+          message: "Only the adapters (KafkaJs, Platformatic, PgOffsetStore and their internal modules) import it."
         }))
       }]
     }

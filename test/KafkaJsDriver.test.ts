@@ -1,14 +1,11 @@
 import { assert, describe, it } from "@effect/vitest"
-import type * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as HashMap from "effect/HashMap"
 import * as Layer from "effect/Layer"
 import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
-import * as Option from "effect/Option"
 import * as Redacted from "effect/Redacted"
-import * as Schedule from "effect/Schedule"
 import { createRequire } from "node:module"
 import { inspect } from "node:util"
 import {
@@ -29,7 +26,7 @@ import { toPlain } from "../src/ConsumerRecord.js"
 import { commitFailed, isRetriable, toConsumerRecord } from "../src/internal/kafkajs/driver.js"
 import { heartbeatAnswer, ResponseTap } from "../src/internal/kafkajs/wire.js"
 import { driverSuite, DriverTestTransactions } from "./driverSuite.js"
-import { kafkaClient, testKit } from "./support/kafkaKit.js"
+import { openTransaction, testKit } from "./support/kafkaKit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 
@@ -47,69 +44,6 @@ const captureLogs = () => {
   const layer = Layer.merge(Logger.replace(Logger.defaultLogger, logger), Logger.minimumLogLevel(LogLevel.All))
   return { lines, layer }
 }
-
-/**
- * `DriverTestTransactions.openTransaction` on a real broker: a kafkajs transactional producer, whose transaction
- * stays open until `end`. `KafkaJs.endOffsets` reads the last stable offset, which passes the transaction's last
- * record only once its marker is written (the coordinator writes it after EndTxn has answered).
- */
-const openTransaction =
-  (brokers: string): Context.Tag.Service<DriverTestTransactions>["openTransaction"] =>
-  (topic, partition, values, offsets) =>
-    Effect.gen(function*() {
-      const producer = yield* Effect.acquireRelease(
-        Effect.tryPromise(async () => {
-          const producer = kafkaClient(brokers).producer({
-            transactionalId: `driver-suite-${crypto.randomUUID()}`,
-            idempotent: true,
-            maxInFlightRequests: 1
-          })
-          await producer.connect()
-          return producer
-        }),
-        (producer) => Effect.promise(() => producer.disconnect().catch(() => undefined))
-      )
-      const txn = yield* Effect.tryPromise(() => producer.transaction())
-      let open = true
-      yield* Effect.addFinalizer(() => open ? Effect.promise(() => txn.abort().catch(() => undefined)) : Effect.void)
-      let last: bigint | undefined
-      if (values.length > 0) {
-        const sent = yield* Effect.tryPromise(() =>
-          txn.send({ topic, messages: values.map((value) => ({ partition, key: `${partition}`, value })) })
-        )
-        const base = sent.find((r) => r.partition === partition)?.baseOffset
-        if (base === undefined) {
-          return yield* Effect.fail(new Error(`no offset for the records sent to ${topic}-${partition}`))
-        }
-        last = BigInt(base) + BigInt(values.length) - 1n
-      }
-      if (offsets !== undefined) {
-        yield* Effect.tryPromise(() =>
-          txn.sendOffsets({
-            consumerGroupId: offsets.groupId,
-            topics: [{ topic, partitions: [{ partition: offsets.partition, offset: offsets.next.toString() }] }]
-          })
-        )
-      }
-      const marked = (end: bigint) => last === undefined || end > last
-      return {
-        end: (outcome: "commit" | "abort") =>
-          Effect.gen(function*() {
-            open = false
-            yield* Effect.tryPromise(() => outcome === "commit" ? txn.commit() : txn.abort())
-            const stable = yield* KafkaJs.endOffsets(brokers, topic).pipe(
-              Effect.map((ends) => ends.get(partition) ?? 0n),
-              Effect.repeat({ schedule: Schedule.spaced("20 millis"), until: marked }),
-              Effect.timeoutOption("30 seconds")
-            )
-            if (Option.isNone(stable)) {
-              return yield* Effect.fail(
-                new Error(`${topic}-${partition}: the ${outcome} marker not written in 30 seconds`)
-              )
-            }
-          })
-      }
-    })
 
 if (brokers) {
   driverSuite(

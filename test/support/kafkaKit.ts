@@ -4,13 +4,15 @@
  */
 import { execFile } from "node:child_process"
 import * as path from "node:path"
+import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import { Kafka, logLevel } from "kafkajs"
 import type { Admin } from "kafkajs"
 import * as KafkaJs from "../../src/KafkaJs.js"
-import { DriverTestKit } from "../driverSuite.js"
+import { DriverTestKit, type DriverTestTransactions } from "../driverSuite.js"
 
 /** A compacted topic's settings: segments roll after 100 ms, and the cleaner takes any dirty segment at once. */
 export const compactedTopic = [
@@ -215,3 +217,66 @@ export const runJava = (file: string, args: ReadonlyArray<string>) =>
         )
       })
   )
+
+/**
+ * `DriverTestTransactions.openTransaction` on a real broker: a kafkajs transactional producer, whose transaction
+ * stays open until `end`. `KafkaJs.endOffsets` reads the last stable offset, which passes the transaction's last
+ * record only once its marker is written (the coordinator writes it after EndTxn has answered).
+ */
+export const openTransaction =
+  (brokers: string): Context.Tag.Service<DriverTestTransactions>["openTransaction"] =>
+  (topic, partition, values, offsets) =>
+    Effect.gen(function*() {
+      const producer = yield* Effect.acquireRelease(
+        Effect.tryPromise(async () => {
+          const producer = kafkaClient(brokers).producer({
+            transactionalId: `driver-suite-${crypto.randomUUID()}`,
+            idempotent: true,
+            maxInFlightRequests: 1
+          })
+          await producer.connect()
+          return producer
+        }),
+        (producer) => Effect.promise(() => producer.disconnect().catch(() => undefined))
+      )
+      const txn = yield* Effect.tryPromise(() => producer.transaction())
+      let open = true
+      yield* Effect.addFinalizer(() => open ? Effect.promise(() => txn.abort().catch(() => undefined)) : Effect.void)
+      let last: bigint | undefined
+      if (values.length > 0) {
+        const sent = yield* Effect.tryPromise(() =>
+          txn.send({ topic, messages: values.map((value) => ({ partition, key: `${partition}`, value })) })
+        )
+        const base = sent.find((r) => r.partition === partition)?.baseOffset
+        if (base === undefined) {
+          return yield* Effect.fail(new Error(`no offset for the records sent to ${topic}-${partition}`))
+        }
+        last = BigInt(base) + BigInt(values.length) - 1n
+      }
+      if (offsets !== undefined) {
+        yield* Effect.tryPromise(() =>
+          txn.sendOffsets({
+            consumerGroupId: offsets.groupId,
+            topics: [{ topic, partitions: [{ partition: offsets.partition, offset: offsets.next.toString() }] }]
+          })
+        )
+      }
+      const marked = (end: bigint) => last === undefined || end > last
+      return {
+        end: (outcome: "commit" | "abort") =>
+          Effect.gen(function*() {
+            open = false
+            yield* Effect.tryPromise(() => outcome === "commit" ? txn.commit() : txn.abort())
+            const stable = yield* KafkaJs.endOffsets(brokers, topic).pipe(
+              Effect.map((ends) => ends.get(partition) ?? 0n),
+              Effect.repeat({ schedule: Schedule.spaced("20 millis"), until: marked }),
+              Effect.timeoutOption("30 seconds")
+            )
+            if (Option.isNone(stable)) {
+              return yield* Effect.fail(
+                new Error(`${topic}-${partition}: the ${outcome} marker not written in 30 seconds`)
+              )
+            }
+          })
+      }
+    })

@@ -3,7 +3,6 @@
  * them (`makeClient`), whose log entries go to Effect's logger. kafkajs's errors are read in `errors.ts`, its messages
  * in `records.ts`.
  */
-import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Redacted from "effect/Redacted"
 import * as Runtime from "effect/Runtime"
@@ -23,56 +22,9 @@ import { driverError } from "./errors.js"
 export { commitFailed, isRetriable } from "./errors.js"
 export { toConsumerRecord } from "./records.js"
 
-const brokerPattern = /^(\[[0-9A-Fa-f:.]+\]|[^\s:/[\]@]+):(\d{1,5})$/
+import { parseBrokers, positiveMillis } from "../shared/config.js"
 
-/**
- * Splits `host:port,host:port` (as `KAFKA_BROKERS` is usually written) or checks a list of addresses.
- *
- * @internal
- */
-export const parseBrokers = (
-  input: string | ReadonlyArray<string>,
-  field = "brokers"
-): Effect.Effect<ReadonlyArray<string>, InvalidConfig> =>
-  Effect.suspend(() => {
-    const list = typeof input === "string" ? input.split(",") : input
-    const brokers = list.map((broker) => broker.trim()).filter((broker) => broker.length > 0)
-    if (brokers.length === 0) {
-      return Effect.fail(new InvalidConfig({ field, reason: "at least one broker address (host:port) is required" }))
-    }
-    for (const broker of brokers) {
-      const match = brokerPattern.exec(broker)
-      const port = match === null ? NaN : Number(match[2])
-      if (match === null || !(port >= 1 && port <= 65535)) {
-        return Effect.fail(
-          new InvalidConfig({ field, reason: `"${broker}" is not a broker address of the form host:port` })
-        )
-      }
-    }
-    return Effect.succeed(brokers)
-  })
-
-/** @internal */
-export const positiveMillis = (
-  field: string,
-  input: Duration.DurationInput | undefined
-): Effect.Effect<number | undefined, InvalidConfig> => {
-  if (input === undefined) return Effect.succeed(undefined)
-  const decoded = Duration.decodeUnknown(input)
-  if (decoded._tag === "None" || !Duration.isFinite(decoded.value) || Duration.toMillis(decoded.value) <= 0) {
-    return Effect.fail(new InvalidConfig({ field, reason: "must be a finite, positive duration" }))
-  }
-  return Effect.succeed(Math.max(1, Math.round(Duration.toMillis(decoded.value))))
-}
-
-/** @internal */
-export const positiveInteger = (
-  field: string,
-  input: number | undefined
-): Effect.Effect<number | undefined, InvalidConfig> =>
-  input === undefined || (Number.isInteger(input) && input > 0)
-    ? Effect.succeed(input)
-    : Effect.fail(new InvalidConfig({ field, reason: `must be a positive integer, got ${input}` }))
+export { parseBrokers, positiveInteger, positiveMillis } from "../shared/config.js"
 
 const toKafkaLogLevel = (level: LogLevel): KafkaLogLevel => {
   switch (level) {
