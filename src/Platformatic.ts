@@ -18,15 +18,28 @@
  *
  * @since 0.3.0
  */
-import type * as Duration from "effect/Duration"
+import * as Context from "effect/Context"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as Redacted from "effect/Redacted"
 import { Driver } from "./Driver.js"
-import type { InvalidConfig } from "./KafkaError.js"
+import type { DriverError, InvalidConfig, TransactionFailed } from "./KafkaError.js"
+import * as admin from "./internal/platformatic/admin.js"
 import { makeClientOptions } from "./internal/platformatic/config.js"
+import * as platformaticProducer from "./internal/platformatic/producer.js"
 import * as session from "./internal/platformatic/session.js"
-import { positiveInteger, positiveMillis } from "./internal/shared/config.js"
+import * as platformaticTransactional from "./internal/platformatic/transactional.js"
+import * as producerInternal from "./internal/producer/producer.js"
+import { parseBrokers as parseBrokerList, positiveInteger, positiveMillis } from "./internal/shared/config.js"
+import {
+  Producer,
+  type ProducerRecord,
+  type Settings as ProducerSettings,
+  TransactionalProducer,
+  TransactionalProducers,
+  type TransactionalSettings
+} from "./Producer.js"
 
 /**
  * TLS settings for the broker connections: PEM strings, as Node's `tls.connect` takes them.
@@ -127,3 +140,137 @@ export const layer = (config: Config): Layer.Layer<Driver, InvalidConfig> =>
       return Driver.of({ connect: (options) => session.connect(settings, options) })
     })
   )
+
+/**
+ * The producer's settings and how to reach the cluster.
+ *
+ * @since 0.3.0
+ * @category models
+ */
+export interface ProducerConfig extends ConnectionConfig, ProducerSettings {}
+
+/**
+ * The `Producer` on @platformatic/kafka: the library batches and partitions (murmur2 of the key, as the Java client),
+ * the client writes each leader's records in a request of its own. An idempotent producer (the default) whose send
+ * failed starts over with a new producer id, so that a batch whose answer was lost cannot make the broker drop the
+ * next one as its retry.
+ *
+ * @since 0.3.0
+ * @category layers
+ */
+export const layerProducer = (config: ProducerConfig): Layer.Layer<Producer, InvalidConfig | DriverError> =>
+  Layer.scoped(
+    Producer,
+    Effect.gen(function*() {
+      const resolved = yield* producerInternal.resolve(config)
+      const client = yield* makeClientOptions(config)
+      return yield* platformaticProducer.make(client, config.clientId ?? "effect-kafka-delivery", resolved)
+    })
+  )
+
+/**
+ * The transactional producer's settings and how to reach the cluster.
+ *
+ * @since 0.3.0
+ * @category models
+ */
+export interface TransactionalProducerConfig extends ConnectionConfig, TransactionalSettings {}
+
+/**
+ * Transactional producers made on demand, one per transactional id (what `CommitPolicy.kafkaTransactional` needs).
+ * The client sends the transaction timeout as its request timeout, so a transactional producer's requests may take
+ * that long.
+ *
+ * @since 0.3.0
+ * @category layers
+ */
+export const layerTransactionalProducers = (
+  config: Omit<TransactionalProducerConfig, "transactionalId">
+): Layer.Layer<TransactionalProducers, InvalidConfig | DriverError> =>
+  Layer.scoped(
+    TransactionalProducers,
+    Effect.gen(function*() {
+      const { resolved, transactionTimeout } = yield* producerInternal.resolveTransactional(config)
+      const client = yield* makeClientOptions(config)
+      return yield* platformaticTransactional.makeTransactionClients(
+        client,
+        config.clientId ?? "effect-kafka-delivery",
+        resolved,
+        Duration.toMillis(transactionTimeout)
+      )
+    })
+  )
+
+/**
+ * One transactional producer with its transactional id, fenced against earlier ones when the layer is built.
+ *
+ * @since 0.3.0
+ * @category layers
+ */
+export const layerTransactionalProducer = (
+  config: TransactionalProducerConfig
+): Layer.Layer<TransactionalProducer, InvalidConfig | DriverError | TransactionFailed> =>
+  Layer.scoped(
+    TransactionalProducer,
+    Effect.gen(function*() {
+      const transactionalId = yield* producerInternal.checkTransactionalId(config.transactionalId)
+      const { transactionalId: _, ...rest } = config
+      const producers = yield* Layer.build(layerTransactionalProducers(rest))
+      return yield* Context.get(producers, TransactionalProducers).make(transactionalId)
+    })
+  )
+
+/**
+ * A record for `produce`: a `ProducerRecord` without its topic.
+ *
+ * @since 0.3.0
+ * @category models
+ */
+export type ProduceRecord = Omit<ProducerRecord, "topic">
+
+/**
+ * Splits `host:port,host:port` (as `KAFKA_BROKERS` is usually written) or checks a list of addresses.
+ *
+ * @since 0.3.0
+ * @category utils
+ */
+export const parseBrokers = (
+  brokers: string | ReadonlyArray<string>
+): Effect.Effect<ReadonlyArray<string>, InvalidConfig> => parseBrokerList(brokers)
+
+/**
+ * Creates a topic (replicated as the cluster's default says) and waits until every partition has a leader that
+ * answers for it.
+ *
+ * @since 0.3.0
+ * @category admin
+ */
+export const createTopic = (
+  brokers: string | ReadonlyArray<string>,
+  topic: string,
+  partitions: number
+): Effect.Effect<void, InvalidConfig | DriverError> => admin.createTopic(brokers, topic, partitions)
+
+/**
+ * Writes records to a topic with an idempotent producer of its own, acknowledged by every in-sync replica.
+ *
+ * @since 0.3.0
+ * @category admin
+ */
+export const produce = (
+  brokers: string | ReadonlyArray<string>,
+  topic: string,
+  records: Iterable<ProduceRecord>
+): Effect.Effect<void, InvalidConfig | DriverError> => admin.produce(brokers, topic, records)
+
+/**
+ * Each partition's end: the last stable offset, which is the offset the next record will get when no transaction is
+ * open on the partition.
+ *
+ * @since 0.3.0
+ * @category admin
+ */
+export const endOffsets = (
+  brokers: string | ReadonlyArray<string>,
+  topic: string
+): Effect.Effect<ReadonlyMap<number, bigint>, InvalidConfig | DriverError> => admin.endOffsets(brokers, topic)

@@ -25,6 +25,7 @@ import * as Consumer from "../../src/Consumer.js"
 import type { ConsumerRecord } from "../../src/ConsumerRecord.js"
 import type { Driver } from "../../src/Driver.js"
 import * as KafkaJs from "../../src/KafkaJs.js"
+import * as Platformatic from "../../src/Platformatic.js"
 import * as PgOffsetStore from "../../src/PgOffsetStore.js"
 import * as Producer from "../../src/Producer.js"
 import * as Codec from "../../src/Codec.js"
@@ -143,17 +144,14 @@ const member = (options: MemberOptions) =>
           withPoison(options, handler),
           hooks
         )
+    const layers = driverLayers(options)
     // Outside Kafka transactions the dead-letter writes are acknowledged by every in-sync replica, and idempotent.
     const consume = <E, R>(
       handler: Consumer.Handler<E, R>
     ): Effect.Effect<never, unknown, Driver | CommitPolicy.CommitPolicy | R> =>
       options.deadLetterTopic === undefined
         ? Consumer.run(config, handler, hooks)
-        : routed(handler).pipe(Effect.provide(KafkaJs.layerProducer({
-          brokers: options.brokers.split(","),
-          clientId: `${options.clientId}-dead-letters`,
-          logLevel: "error"
-        })))
+        : routed(handler).pipe(Effect.provide(layers.producer(`${options.clientId}-dead-letters`)))
     const hooks: Consumer.Hooks = {
       onAssign: (tp) =>
         Effect.gen(function*() {
@@ -175,12 +173,7 @@ const member = (options: MemberOptions) =>
       // One record per input record into the output topic, in the chunk's Kafka transaction with its position.
       const output = outputTopicOf(options.topic)
       const policy = CommitPolicy.kafkaTransactional().pipe(
-        Layer.provide(KafkaJs.layerTransactionalProducers({
-          brokers: options.brokers.split(","),
-          clientId: `${options.clientId}-producer`,
-          logLevel: "error",
-          linger: "2 millis"
-        }))
+        Layer.provide(layers.transactionalProducers(`${options.clientId}-producer`))
       )
       // The dead-letter writes go through the unit's transactional producer.
       const handler: Consumer.Handler<ProduceFailed, Producer.Producer> = (records) =>
@@ -211,18 +204,43 @@ const member = (options: MemberOptions) =>
     return yield* consume((records, tp) => pace(write(pool, records, tp))).pipe(Effect.provide(policy))
   }).pipe(
     Effect.scoped,
-    Effect.provide(
-      KafkaJs.layer({
-        brokers: options.brokers.split(","),
+    Effect.provide(driverLayers(options).consumer)
+  )
+
+/** The consumer's driver and the producers, on the client the member was told to use. */
+function driverLayers(options: MemberOptions) {
+  const brokers = options.brokers.split(",")
+  if (options.driver === "platformatic") {
+    return {
+      consumer: Platformatic.layer({
+        brokers,
         clientId: options.clientId,
         maxWaitTime: "200 millis",
         heartbeatInterval: "1 second",
-        logLevel: "error",
         // A broker that restarts is gone for some seconds: keep trying for about half a minute before giving up.
-        retry: { retries: 10, initialRetryTime: "300 millis", maxRetryTime: "5 seconds" }
-      })
-    )
-  )
+        retries: 10,
+        retryDelay: "1 second"
+      }),
+      producer: (clientId: string) => Platformatic.layerProducer({ brokers, clientId }),
+      transactionalProducers: (clientId: string) =>
+        Platformatic.layerTransactionalProducers({ brokers, clientId, linger: "2 millis" })
+    }
+  }
+  return {
+    consumer: KafkaJs.layer({
+      brokers,
+      clientId: options.clientId,
+      maxWaitTime: "200 millis",
+      heartbeatInterval: "1 second",
+      logLevel: "error",
+      // A broker that restarts is gone for some seconds: keep trying for about half a minute before giving up.
+      retry: { retries: 10, initialRetryTime: "300 millis", maxRetryTime: "5 seconds" }
+    }),
+    producer: (clientId: string) => KafkaJs.layerProducer({ brokers, clientId, logLevel: "error" }),
+    transactionalProducers: (clientId: string) =>
+      KafkaJs.layerTransactionalProducers({ brokers, clientId, logLevel: "error", linger: "2 millis" })
+  }
+}
 
 /**
  * The supervisor's pipe. When the process that started this member dies, even by SIGKILL, the pipe closes: leave

@@ -10,6 +10,11 @@ export type PolicyName = "atMostOnce" | "autoCommit" | "commitAfter" | "transact
 
 export type Ordering = "partition" | "key" | "unordered"
 
+/** The client a member consumes and produces with. */
+export type DriverName = "kafkajs" | "platformatic"
+
+export const driverNames: ReadonlyArray<DriverName> = ["kafkajs", "platformatic"]
+
 export const orderings: ReadonlyArray<Ordering> = ["partition", "key", "unordered"]
 
 export const policies: ReadonlyArray<PolicyName> = [
@@ -54,6 +59,8 @@ export interface MemberOptions {
    * means the supervisor is gone, so the member leaves.
    */
   readonly supervised: boolean
+  /** The driver the member consumes and produces with. Default `kafkajs`. */
+  readonly driver: DriverName
 }
 
 export class MemberConfigError extends Data.TaggedError("MemberConfigError")<{ readonly message: string }> {}
@@ -66,7 +73,7 @@ const usage = "usage: member.ts --brokers host:port --topic T --group G " +
   "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
   "[--session-timeout-millis MS] [--ordering partition|key|unordered] [--concurrency N] [--dead-letter-topic T] " +
   "[--retry-delays MS,MS] " +
-  "[--supervised] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
+  "[--supervised] [--driver kafkajs|platformatic] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
 
 /** Reads the member's settings from its arguments, with `KAFKA_BROKERS` and `DATABASE_URL` as fallbacks. */
 export const parse = (
@@ -95,7 +102,8 @@ export const parse = (
             concurrency: { type: "string" },
             "dead-letter-topic": { type: "string" },
             "retry-delays": { type: "string" },
-            supervised: { type: "boolean" }
+            supervised: { type: "boolean" },
+            driver: { type: "string" }
           }
         }).values,
       catch: (error) => new MemberConfigError({ message: `${String(error)}\n${usage}` })
@@ -135,6 +143,12 @@ export const parse = (
         message: `--ordering must be one of ${orderings.join(", ")}, got "${ordering}"`
       })
     }
+    const driver = parsed.driver ?? env.KAFKA_DRIVER ?? "kafkajs"
+    if (!driverNames.includes(driver as DriverName)) {
+      return yield* new MemberConfigError({
+        message: `--driver must be one of ${driverNames.join(", ")}, got "${driver}"`
+      })
+    }
     return {
       brokers: yield* required("brokers", parsed.brokers ?? env.KAFKA_BROKERS),
       topic: yield* required("topic", parsed.topic),
@@ -151,7 +165,8 @@ export const parse = (
       concurrency: yield* integer("concurrency", parsed.concurrency, 64, 1),
       deadLetterTopic: parsed["dead-letter-topic"],
       retryDelays: yield* delays(parsed["retry-delays"]),
-      supervised: parsed.supervised ?? false
+      supervised: parsed.supervised ?? false,
+      driver: driver as DriverName
     }
   })
 
@@ -185,5 +200,7 @@ export const toArgs = (options: MemberOptions): Array<string> => [
   String(options.concurrency),
   ...(options.deadLetterTopic === undefined ? [] : ["--dead-letter-topic", options.deadLetterTopic]),
   ...(options.retryDelays.length === 0 ? [] : ["--retry-delays", options.retryDelays.join(",")]),
-  ...(options.supervised ? ["--supervised"] : [])
+  ...(options.supervised ? ["--supervised"] : []),
+  "--driver",
+  options.driver
 ]

@@ -22,7 +22,14 @@ import * as KafkaJs from "../../src/KafkaJs.js"
 import * as PgOffsetStore from "../../src/PgOffsetStore.js"
 import { type Outcome, random } from "../lab.js"
 import { readCommitted } from "../lab.js"
-import { type MemberOptions, type Ordering, outputTopicOf, type PolicyName, toArgs } from "./options.js"
+import {
+  type DriverName,
+  type MemberOptions,
+  type Ordering,
+  outputTopicOf,
+  type PolicyName,
+  toArgs
+} from "./options.js"
 import { createResultsTable, dropTable, handledAmong, handledCount, tallyByPartition } from "./results.js"
 import * as FailureRoute from "../../src/FailureRoute.js"
 
@@ -68,6 +75,8 @@ export interface RealWorkload {
   readonly poisonRate?: number
   /** With poison records: the waits (milliseconds) of the retry topics they go through before the dead-letter topic. */
   readonly retryDelays?: ReadonlyArray<number>
+  /** The driver the members consume and produce with. Default `kafkajs`. */
+  readonly driver?: DriverName
 }
 
 export interface RealOutcome extends Outcome {
@@ -417,7 +426,8 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       concurrency: workload.concurrency ?? 64,
       deadLetterTopic: poisonRate > 0 ? deadLetterTopic(topic) : undefined,
       retryDelays: poisonRate > 0 ? workload.retryDelays ?? [] : [],
-      supervised: true
+      supervised: true,
+      driver: workload.driver ?? "kafkajs"
     })
 
     let kills = 0

@@ -11,6 +11,7 @@ import { CompressionTypes } from "kafkajs"
 import { type DriverError, ProduceFailed, type ProduceFailureReason } from "../../KafkaError.js"
 import type { Producer, ProducerRecord } from "../../Producer.js"
 import * as producer from "../producer/producer.js"
+import { reasonOfType } from "../producer/reasons.js"
 import { type ClientConfig, disconnect, makeClient } from "./driver.js"
 import { causeChain, describe, driverError, isRetriable, protocolType } from "./errors.js"
 import { explicitPartition, highestPartitions, messagesOf } from "./messages.js"
@@ -18,37 +19,7 @@ import { explicitPartition, highestPartitions, messagesOf } from "./messages.js"
 /** How long a topic's partition count is trusted before it is read again (the Java client's `metadata.max.age.ms`). */
 const METADATA_MAX_AGE = 5 * 60 * 1000
 
-/**
- * The reason a write or a transaction failed, by the protocol error kafkajs carries; `undefined` for the others.
- *
- * @internal
- */
-export const reasonOfType = (type: string | undefined): ProduceFailureReason | undefined => {
-  switch (type) {
-    case "UNKNOWN_TOPIC_OR_PARTITION":
-      return "UnknownTopic"
-    case "MESSAGE_TOO_LARGE":
-    case "RECORD_LIST_TOO_LARGE":
-      return "RecordTooLarge"
-    case "INVALID_PRODUCER_EPOCH":
-    case "PRODUCER_FENCED":
-    case "TRANSACTION_COORDINATOR_FENCED":
-    case "UNKNOWN_PRODUCER_ID":
-    case "INVALID_PRODUCER_ID_MAPPING":
-      return "Fenced"
-    case "NOT_ENOUGH_REPLICAS":
-    case "NOT_ENOUGH_REPLICAS_AFTER_APPEND":
-      return "NotEnoughReplicas"
-    case "REQUEST_TIMED_OUT":
-      return "Timeout"
-    case "TOPIC_AUTHORIZATION_FAILED":
-    case "CLUSTER_AUTHORIZATION_FAILED":
-    case "TRANSACTIONAL_ID_AUTHORIZATION_FAILED":
-      return "Unauthorized"
-    default:
-      return undefined
-  }
-}
+export { reasonOfType } from "../producer/reasons.js"
 
 /**
  * A refused write, classified by the protocol error inside it, then by the kafkajs error around it.

@@ -141,3 +141,12 @@ export const commitFailed = (cause: unknown, partitions: ReadonlyArray<TopicPart
     detail: describe(cause)
   })
 }
+
+/**
+ * Whether a metadata read failed because the topic does not exist. The client answers UNKNOWN_TOPIC_OR_PARTITION with
+ * an error of its own that carries no protocol code, only its message ("Unknown topic <name>."), so that is read.
+ */
+/** @internal */
+export const isUnknownTopic = (error: unknown): boolean =>
+  apiIds(error).includes("UNKNOWN_TOPIC_OR_PARTITION") ||
+  flatten(error).some((e) => typeof e.message === "string" && e.message.startsWith("Unknown topic "))

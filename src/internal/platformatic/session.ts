@@ -25,7 +25,7 @@ import { DriverError } from "../../KafkaError.js"
 import * as TopicPartition from "../../TopicPartition.js"
 import * as commits from "./commits.js"
 import type { ClientOptions } from "./config.js"
-import { apiIds, describe, driverError, isRetriable } from "./errors.js"
+import { apiIds, describe, driverError, isRetriable, isUnknownTopic } from "./errors.js"
 import { type Fetcher, makeFetcher } from "./fetcher.js"
 
 /** Consumer settings that are fixed for every session of one layer. @internal */
@@ -191,9 +191,9 @@ const planOf = (settings: ConsumerSettings, options: SessionOptions): Effect.Eff
 const checkTopics = (consumer: Consumer, plan: Plan): Effect.Effect<void, DriverError> =>
   Effect.gen(function*() {
     const metadata = yield* Effect.tryPromise({
-      try: () => consumer.metadata({ topics: plan.topics, autocreateTopics: false }),
+      try: () => consumer.metadata({ topics: plan.topics, autocreateTopics: false, retries: 0 }),
       catch: (cause) =>
-        apiIds(cause).includes("UNKNOWN_TOPIC_OR_PARTITION")
+        isUnknownTopic(cause)
           ? new DriverError({
             operation: "connect",
             reason: `no such topic: ${plan.topics.join(", ")} (${describe(cause)})`,

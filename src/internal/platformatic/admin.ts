@@ -1,0 +1,109 @@
+/**
+ * The admin functions of `Platformatic` (create a topic, produce, read end offsets), each on a client of its own.
+ */
+import { Admin, Consumer } from "@platformatic/kafka"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import * as Schedule from "effect/Schedule"
+import { DriverError, type InvalidConfig } from "../../KafkaError.js"
+import type { ProducerRecord } from "../../Producer.js"
+import * as producer from "../producer/producer.js"
+import { parseBrokers } from "../shared/config.js"
+import { makeClientOptions } from "./config.js"
+import { driverError } from "./errors.js"
+import * as platformaticProducer from "./producer.js"
+
+/** A record of `produce`: the `Producer`'s record without its topic. */
+type ProduceRecord = Omit<ProducerRecord, "topic">
+
+const clientOptions = (brokers: string | ReadonlyArray<string>) =>
+  Effect.flatMap(parseBrokers(brokers), (list) => makeClientOptions({ brokers: list }))
+
+const closed = <A extends { close: () => Promise<void> }>(client: A) =>
+  Effect.acquireRelease(
+    Effect.succeed(client),
+    (c) => Effect.promise(() => c.close().catch(() => undefined)).pipe(Effect.timeoutOption("10 seconds"))
+  )
+
+/**
+ * Each partition's end, read through a consumer that never joins its group: the last stable offset (read committed),
+ * which is the high watermark when no transaction is open.
+ */
+const latest = (consumer: Consumer, topic: string) =>
+  Effect.tryPromise({
+    try: () => consumer.listOffsets({ topics: [topic], timestamp: -1n, isolationLevel: 1 }),
+    catch: driverError("endOffsets")
+  }).pipe(Effect.map((offsets) => {
+    const out = new Map<number, bigint>()
+    ;(offsets.get(topic) ?? []).forEach((offset, partition) => out.set(partition, offset))
+    return out
+  }))
+
+/** @internal */
+export const createTopic = (
+  brokers: string | ReadonlyArray<string>,
+  topic: string,
+  partitions: number
+): Effect.Effect<void, InvalidConfig | DriverError> =>
+  Effect.gen(function*() {
+    if (topic.length === 0) return yield* new DriverError({ operation: "createTopic", reason: "empty topic name" })
+    if (!Number.isInteger(partitions) || partitions < 1) {
+      return yield* new DriverError({ operation: "createTopic", reason: `invalid partition count ${partitions}` })
+    }
+    const options = yield* clientOptions(brokers)
+    const admin = yield* closed(new Admin({ ...options, clientId: "effect-kafka-admin" }))
+    yield* Effect.tryPromise({
+      try: () => admin.createTopics({ topics: [topic], partitions, replicas: -1 }),
+      catch: driverError("createTopic")
+    })
+    // A new topic's partitions are written to only once every one has a leader that answers for it: their offsets,
+    // which only the leaders answer, are read until they all are.
+    const consumer = yield* closed(
+      new Consumer({ ...options, clientId: "effect-kafka-admin", groupId: "effect-kafka-admin" })
+    )
+    const ready = latest(consumer, topic).pipe(
+      Effect.map((offsets) => offsets.size >= partitions),
+      Effect.catchAll(() => Effect.succeed(false))
+    )
+    const led = yield* ready.pipe(
+      Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: (ok) => ok }),
+      Effect.timeoutOption("30 seconds")
+    )
+    if (Option.isNone(led)) {
+      return yield* new DriverError({
+        operation: "createTopic",
+        reason: `${topic} was created but its partitions had no leaders within 30 seconds`
+      })
+    }
+  }).pipe(Effect.scoped)
+
+/** @internal */
+export const produce = (
+  brokers: string | ReadonlyArray<string>,
+  topic: string,
+  records: Iterable<ProduceRecord>
+): Effect.Effect<void, InvalidConfig | DriverError> =>
+  Effect.gen(function*() {
+    const batch = Array.from(records, (record): ProducerRecord => ({ ...record, topic }))
+    if (batch.length === 0) return
+    const options = yield* clientOptions(brokers)
+    const resolved = yield* producer.resolve({})
+    const service = yield* platformaticProducer.make(options, "effect-kafka-producer", resolved)
+    yield* Effect.mapError(
+      service.sendAll(batch),
+      (failure) => new DriverError({ operation: "produce", reason: failure.message, retriable: failure.retriable })
+    )
+  }).pipe(Effect.scoped)
+
+/** @internal */
+export const endOffsets = (
+  brokers: string | ReadonlyArray<string>,
+  topic: string
+): Effect.Effect<ReadonlyMap<number, bigint>, InvalidConfig | DriverError> =>
+  Effect.gen(function*() {
+    const options = yield* clientOptions(brokers)
+    const consumer = yield* closed(
+      new Consumer({ ...options, clientId: "effect-kafka-admin", groupId: "effect-kafka-admin" })
+    )
+    return yield* latest(consumer, topic)
+  }).pipe(Effect.scoped)
