@@ -4,7 +4,10 @@ import { defineConfig } from "vitest/config"
 export default defineConfig({
   resolve: {
     // The examples import the package by its name, as an application would; here that name is the source.
-    alias: [{ find: /^effect-kafka-delivery$/, replacement: fileURLToPath(new URL("./src/index.ts", import.meta.url)) }]
+    alias: [
+      { find: /^effect-kafka-delivery$/, replacement: fileURLToPath(new URL("./src/index.ts", import.meta.url)) },
+      { find: /^effect-kafka-delivery\/(\w+)$/, replacement: fileURLToPath(new URL("./src/$1.ts", import.meta.url)) }
+    ]
   },
   test: {
     include: ["test/**/*.test.ts", "examples/**/*.test.ts"],

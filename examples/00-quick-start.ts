@@ -6,7 +6,8 @@
  *   KAFKA_BROKERS=127.0.0.1:9092 npx tsx examples/00-quick-start.ts  # on Kafka
  */
 import { NodeRuntime } from "@effect/platform-node"
-import { CommitPolicy, Consumer, ConsumerRecord, InMemoryKafka, KafkaJs } from "effect-kafka-delivery"
+import { CommitPolicy, Consumer, ConsumerRecord, InMemoryKafka } from "effect-kafka-delivery"
+import * as Platformatic from "effect-kafka-delivery/Platformatic"
 import * as Config from "effect/Config"
 import * as Console from "effect/Console"
 import * as Deferred from "effect/Deferred"
@@ -39,18 +40,18 @@ const inMemory = Effect.gen(function*() {
   yield* shipOrders
 }).pipe(Effect.provide(InMemoryKafka.layer()))
 
-// On Kafka: the same consumer, with kafkajs as its driver.
+// On Kafka: the same consumer, with @platformatic/kafka as its driver.
 const onKafka = (brokers: ReadonlyArray<string>) =>
   Effect.gen(function*() {
-    yield* KafkaJs.createTopic(brokers, "orders", 3)
-    yield* KafkaJs.produce(brokers, "orders", orders)
+    yield* Platformatic.createTopic(brokers, "orders", 3)
+    yield* Platformatic.produce(brokers, "orders", orders)
     yield* shipOrders
-  }).pipe(Effect.provide(KafkaJs.layer({ brokers, logLevel: "error" })))
+  }).pipe(Effect.provide(Platformatic.layer({ brokers })))
 
 Config.option(Config.string("KAFKA_BROKERS")).pipe(
   Effect.flatMap(Option.match({
     onNone: () => inMemory,
-    onSome: (brokers) => Effect.flatMap(KafkaJs.parseBrokers(brokers), onKafka)
+    onSome: (brokers) => Effect.flatMap(Platformatic.parseBrokers(brokers), onKafka)
   })),
   NodeRuntime.runMain
 )

@@ -1,8 +1,11 @@
 /**
- * Where the examples run: the in-memory broker by default, or Kafka when KAFKA_BROKERS is set (`host:port,...`).
- * Either way you get the consumer's `Driver` and `Topics`, a small service to create a topic and produce to it.
+ * Where the examples run: the in-memory broker by default, or Kafka when KAFKA_BROKERS is set (`host:port,...`), with
+ * the driver KAFKA_DRIVER names: `platformatic` (@platformatic/kafka, the default) or `kafkajs`. Either way you get the
+ * consumer's `Driver` and `Topics`, a small service to create a topic and produce to it.
  */
-import { type Driver, InMemoryKafka, KafkaJs, type Producer } from "effect-kafka-delivery"
+import { type Driver, InMemoryKafka, type Producer } from "effect-kafka-delivery"
+import * as KafkaJs from "effect-kafka-delivery/KafkaJs"
+import * as Platformatic from "effect-kafka-delivery/Platformatic"
 import * as Config from "effect/Config"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
@@ -39,18 +42,38 @@ const inMemory: Layer.Layer<Topics | Driver.Driver> = Layer.effect(
   })
 ).pipe(Layer.provideMerge(InMemoryKafka.layer()))
 
+const onKafkaJs = (brokers: string, list: ReadonlyArray<string>) =>
+  Layer.merge(
+    KafkaJs.layer({ brokers: list, clientId: "examples", logLevel: "error" }),
+    Layer.succeed(Topics, {
+      where: `Kafka at ${brokers} (kafkajs)`,
+      create: (topic, partitions) => KafkaJs.createTopic(list, topic, partitions),
+      produce: (topic, records) => KafkaJs.produce(list, topic, records),
+      producer: (settings) => KafkaJs.layerProducer({ brokers: list, logLevel: "error", ...settings }),
+      transactionalProducers: KafkaJs.layerTransactionalProducers({ brokers: list, logLevel: "error" })
+    })
+  )
+
+const onPlatformatic = (brokers: string, list: ReadonlyArray<string>) =>
+  Layer.merge(
+    Platformatic.layer({ brokers: list, clientId: "examples" }),
+    Layer.succeed(Topics, {
+      where: `Kafka at ${brokers} (@platformatic/kafka)`,
+      create: (topic, partitions) => Platformatic.createTopic(list, topic, partitions),
+      produce: (topic, records) => Platformatic.produce(list, topic, records),
+      producer: (settings) => Platformatic.layerProducer({ brokers: list, ...settings }),
+      transactionalProducers: Platformatic.layerTransactionalProducers({ brokers: list })
+    })
+  )
+
 const kafka = (brokers: string): Layer.Layer<Topics | Driver.Driver, unknown> =>
-  Layer.unwrapEffect(Effect.map(KafkaJs.parseBrokers(brokers), (list) =>
-    Layer.merge(
-      KafkaJs.layer({ brokers: list, clientId: "examples", logLevel: "error" }),
-      Layer.succeed(Topics, {
-        where: `Kafka at ${brokers}`,
-        create: (topic, partitions) => KafkaJs.createTopic(list, topic, partitions),
-        produce: (topic, records) => KafkaJs.produce(list, topic, records),
-        producer: (settings) => KafkaJs.layerProducer({ brokers: list, logLevel: "error", ...settings }),
-        transactionalProducers: KafkaJs.layerTransactionalProducers({ brokers: list, logLevel: "error" })
-      })
-    )))
+  Layer.unwrapEffect(Effect.gen(function*() {
+    const list = yield* Platformatic.parseBrokers(brokers)
+    const driver = yield* Config.literal("platformatic", "kafkajs")("KAFKA_DRIVER").pipe(
+      Config.withDefault("platformatic")
+    )
+    return driver === "kafkajs" ? onKafkaJs(brokers, list) : onPlatformatic(brokers, list)
+  }))
 
 /** The in-memory broker, or Kafka at KAFKA_BROKERS. */
 export const layer: Layer.Layer<Topics | Driver.Driver, unknown> = Layer.unwrapEffect(

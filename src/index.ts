@@ -68,13 +68,6 @@ export * as InMemoryKafka from "./InMemoryKafka.js"
 export * as KafkaError from "./KafkaError.js"
 
 /**
- * The kafkajs driver.
- *
- * @since 0.1.0
- */
-export * as KafkaJs from "./KafkaJs.js"
-
-/**
  * Positions merged by highest per partition.
  *
  * @since 0.1.0

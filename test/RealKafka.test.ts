@@ -16,8 +16,10 @@ const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 const databaseUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
 const policies = ["atMostOnce", "autoCommit", "commitAfter", "transactional", "kafkaTransactional"] as const
 
-const figures = (label: string, o: RealOutcome) =>
-  `${label} ${o.policy}: ${o.produced} records, kills ${o.crashes}, moves ${o.rebalances}, lost ${o.lost}, ` +
+type DriverName = NonNullable<RealWorkload["driver"]>
+
+const figures = (label: string, o: RealOutcome, driver: DriverName = "kafkajs") =>
+  `${label} ${o.policy} on ${driver}: ${o.produced} records, kills ${o.crashes}, moves ${o.rebalances}, lost ${o.lost}, ` +
   `duplicated ${o.duplicated}, delivered ${o.delivered}, fenced ${o.fenced}, zombies ${o.zombies}, ` +
   `unexpected exits ${o.unexpectedExits}, ` +
   `${(o.elapsedMillis / 1000).toFixed(1)} s`
@@ -44,39 +46,48 @@ const assertGuarantee = (o: RealOutcome, text: string) => {
   }
 }
 
-const runAll = (label: string, workload: (policy: RealWorkload["policy"], seed: number) => RealWorkload) =>
+const runAll = (
+  label: string,
+  workload: (policy: RealWorkload["policy"], seed: number) => RealWorkload,
+  driver: DriverName = "kafkajs"
+) =>
   Effect.forEach(policies, (policy, i) =>
-    runRealWorkload(workload(policy, 1000 + i)).pipe(
-      Effect.tap((o) => Effect.sync(() => console.log(figures(label, o))))
+    runRealWorkload({ ...workload(policy, 1000 + i), driver }).pipe(
+      Effect.tap((o) => Effect.sync(() => console.log(figures(label, o, driver))))
     ), { concurrency: "unbounded" })
+
+/** Both drivers keep every guarantee under the same disturbances. */
+const drivers: ReadonlyArray<DriverName> = ["kafkajs", "platformatic"]
 
 if (brokers) {
   describe("every policy against a real broker, members as processes", () => {
-    it.live(
-      "SIGKILL: 3 members on 6 partitions, 20,000 records, 20 kills per policy; all policies at once",
-      () =>
-        Effect.gen(function*() {
-          const outcomes = yield* runAll("SIGKILL", (policy, seed) => ({
-            policy,
-            records: 20_000,
-            partitions: 6,
-            consumers: 3,
-            kills: 20,
-            seed,
-            brokers,
-            databaseUrl
-          }))
-          for (const o of outcomes) {
-            const text = figures("SIGKILL", o)
-            assert.isAtLeast(o.crashes, 20, text)
-            assertGuarantee(o, text)
-          }
-        }),
-      { timeout: 15 * 60_000 }
-    )
+    for (const driver of drivers) {
+      it.live(
+        `SIGKILL on ${driver}: 3 members on 6 partitions, 20,000 records, 20 kills per policy; all policies at once`,
+        () =>
+          Effect.gen(function*() {
+            const outcomes = yield* runAll("SIGKILL", (policy, seed) => ({
+              policy,
+              records: 20_000,
+              partitions: 6,
+              consumers: 3,
+              kills: 20,
+              seed,
+              brokers,
+              databaseUrl
+            }), driver)
+            for (const o of outcomes) {
+              const text = figures("SIGKILL", o, driver)
+              assert.isAtLeast(o.crashes, 20, text)
+              assertGuarantee(o, text)
+            }
+          }),
+        { timeout: 15 * 60_000 }
+      )
+    }
 
     it.live(
-      "SIGKILL by key: 2,000 keys, concurrency 64, 20 kills and a rebalance under load; commitAfter by key beside commitAfter by partition, transactional by key",
+      "SIGKILL by key: 2,000 keys, concurrency 64, 20 kills and a rebalance under load; commitAfter by key beside commitAfter by partition, transactional by key, on both drivers",
       () =>
         Effect.gen(function*() {
           const base = {
@@ -90,16 +101,25 @@ if (brokers) {
             databaseUrl,
             deadlineMillis: 15 * 60_000
           } as const
-          const [byPartition, byKey, transactional] = yield* Effect.all([
+          const byKey = { ordering: "key", concurrency: 64 } as const
+          const [byPartition, ...keyed] = yield* Effect.all([
             runRealWorkload({ ...base, policy: "commitAfter", seed: 4001 }),
-            runRealWorkload({ ...base, policy: "commitAfter", seed: 4001, ordering: "key", concurrency: 64 }),
-            runRealWorkload({ ...base, policy: "transactional", seed: 4002, ordering: "key", concurrency: 64 })
+            runRealWorkload({ ...base, ...byKey, policy: "commitAfter", seed: 4001 }),
+            runRealWorkload({ ...base, ...byKey, policy: "transactional", seed: 4002 }),
+            // On @platformatic/kafka the finished ranges above the position travel in the commit's metadata too.
+            runRealWorkload({ ...base, ...byKey, policy: "commitAfter", seed: 4003, driver: "platformatic" }),
+            runRealWorkload({ ...base, ...byKey, policy: "transactional", seed: 4004, driver: "platformatic" })
           ], { concurrency: "unbounded" })
+          const driverOf = (i: number): DriverName => i >= 2 ? "platformatic" : "kafkajs"
           console.log(figures("SIGKILL by partition, keyed records", byPartition!))
-          console.log(figures("SIGKILL by key", byKey!))
-          console.log(figures("SIGKILL by key", transactional!))
-          for (const o of [byPartition!, byKey!, transactional!]) {
-            const text = figures("SIGKILL", o)
+          keyed.forEach((o, i) => console.log(figures("SIGKILL by key", o, driverOf(i))))
+          for (
+            const [o, driver] of [
+              [byPartition!, "kafkajs"] as const,
+              ...keyed.map((o, i) => [o, driverOf(i)] as const)
+            ]
+          ) {
+            const text = figures("SIGKILL", o, driver)
             assert.isAtLeast(o.crashes, 20, text)
             assertGuarantee(o, text)
           }
@@ -188,16 +208,21 @@ if (brokers) {
     )
 
     it.live(
-      "the broker killed with SIGKILL mid-stream and back 10 s later: members reconnect without exiting; commitAfter and transactional lose nothing",
+      "the broker killed with SIGKILL mid-stream and back 10 s later: members on both drivers reconnect without exiting; commitAfter and transactional lose nothing",
       () =>
         Effect.gen(function*() {
           // A broker of the test's own: stopping the shared one would disturb the other tests.
           const own = yield* broker
           const records = 8_000
           const progress = new Map<string, number>()
-          const fibers = yield* Effect.forEach(["commitAfter", "transactional"] as const, (policy, i) =>
+          const runs = drivers.flatMap((driver) =>
+            (["commitAfter", "transactional"] as const).map((policy) => ({ driver, policy }))
+          )
+          const key = (run: { readonly driver: DriverName; readonly policy: string }) => `${run.policy}/${run.driver}`
+          const fibers = yield* Effect.forEach(runs, ({ driver, policy }, i) =>
             Effect.fork(runRealWorkload({
               policy,
+              driver,
               records,
               partitions: 4,
               consumers: 2,
@@ -206,24 +231,25 @@ if (brokers) {
               brokers: own.brokers,
               databaseUrl,
               handlerMillis: 200,
-              onProgress: (p) =>
-                progress.set(policy, p.results)
+              onProgress: (p) => progress.set(key({ driver, policy }), p.results)
             })))
-          const least = () =>
-            Math.min(progress.get("commitAfter") ?? 0, progress.get("transactional") ?? 0)
+          const least = () => Math.min(...runs.map((run) => progress.get(key(run)) ?? 0))
           // A run that failed is reported by the join below, without waiting here for progress that cannot come.
           const started = Effect.map(Effect.forEach(fibers, Fiber.poll), (polls) =>
-            least() >= records / 4 || polls.some((p) =>
-              p._tag === "Some"
-            ))
+            least() >= records / 4 || polls.some((p) => p._tag === "Some"))
           yield* eventually("a quarter of the records handled", started, "120 seconds")
-          const handledWhenKilled = Math.max(progress.get("commitAfter") ?? 0, progress.get("transactional") ?? 0)
+          const handledWhenKilled = Math.max(...runs.map((run) =>
+            progress.get(key(run)) ?? 0
+          ))
           const killedAt = Date.now()
           yield* own.restart({ signal: "SIGKILL", downMillis: 10_000 })
           const downMillis = Date.now() - killedAt
           const outcomes = yield* Fiber.joinAll(fibers)
-          for (const o of outcomes) {
-            const text = `${figures("broker SIGKILL", o)}; ${handledWhenKilled} handled when the broker was killed, ` +
+          for (const [i, o] of outcomes.entries()) {
+            const text =
+              `${
+                figures("broker SIGKILL", o, runs[i]!.driver)
+              }; ${handledWhenKilled} handled when the broker was killed, ` +
               `back ${(downMillis / 1000).toFixed(1)} s later`
             console.log(text)
             assert.strictEqual(o.lost, 0, text)
@@ -236,30 +262,32 @@ if (brokers) {
       { timeout: 10 * 60_000 }
     )
 
-    it.live(
-      "zombies: members paused (SIGSTOP) past their session, then let go on, rejoin without exiting; every policy keeps its guarantee",
-      () =>
-        Effect.gen(function*() {
-          const outcomes = yield* runAll("SIGSTOP", (policy, seed) => ({
-            policy,
-            records: 8_000,
-            partitions: 4,
-            consumers: 2,
-            kills: 0,
-            stops: 2,
-            seed: 3000 + seed,
-            brokers,
-            databaseUrl
-          }))
-          for (const o of outcomes) {
-            const text = figures("SIGSTOP", o)
-            assert.strictEqual(o.zombies, 2, text)
-            assert.strictEqual(o.unexpectedExits, 0, text)
-            assertGuarantee(o, text)
-          }
-        }),
-      { timeout: 10 * 60_000 }
-    )
+    for (const driver of drivers) {
+      it.live(
+        `zombies on ${driver}: members paused (SIGSTOP) past their session, then let go on, rejoin without exiting; every policy keeps its guarantee`,
+        () =>
+          Effect.gen(function*() {
+            const outcomes = yield* runAll("SIGSTOP", (policy, seed) => ({
+              policy,
+              records: 8_000,
+              partitions: 4,
+              consumers: 2,
+              kills: 0,
+              stops: 2,
+              seed: 3000 + seed,
+              brokers,
+              databaseUrl
+            }), driver)
+            for (const o of outcomes) {
+              const text = figures("SIGSTOP", o, driver)
+              assert.strictEqual(o.zombies, 2, text)
+              assert.strictEqual(o.unexpectedExits, 0, text)
+              assertGuarantee(o, text)
+            }
+          }),
+        { timeout: 10 * 60_000 }
+      )
+    }
   })
 } else {
   describe("every policy against a real broker", () => {
