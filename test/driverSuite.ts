@@ -504,6 +504,26 @@ export const driverSuite = (
     )
 
     it.scopedLive(
+      "a driver commits nothing by itself: records fetched and handed over leave no committed position",
+      () =>
+        Effect.gen(function*() {
+          const kit = yield* DriverTestKit
+          const topic = unique("nocommit")
+          const group = unique("group")
+          yield* kit.createTopic(topic, 2)
+          yield* kit.produce(topic, 0, values(0, 0, 5))
+          yield* kit.produce(topic, 1, values(1, 0, 5))
+          const member = yield* join("reader", group, topics(topic))
+          yield* pollUntil([member], "10 records", () => total(member) >= 10)
+          // Polled again after every record was handed over: a driver that commits what it fetched would have by now.
+          yield* pollOnce([member])
+          const committed = yield* member.session.committed([tp(topic, 0), tp(topic, 1)])
+          assert.deepStrictEqual([...committed.entries()], [], "the runloop commits; the driver never does")
+        }).pipe(Effect.provide(env)),
+      testTimeout
+    )
+
+    it.scopedLive(
       "positions committed by one session are the next session's committed positions",
       () =>
         Effect.gen(function*() {
