@@ -232,6 +232,14 @@ const brokers = Options.text("brokers").pipe(
   )
 )
 
+const driver = Options.choice("driver", ["kafkajs", "platformatic"] as const).pipe(
+  Options.withDefault("platformatic" as const),
+  Options.withDescription(
+    "With --brokers, the client the members consume and produce with: @platformatic/kafka (platformatic) or kafkajs. " +
+      "Default platformatic."
+  )
+)
+
 const options = {
   records,
   partitions,
@@ -248,14 +256,15 @@ const options = {
   json,
   store,
   databaseUrl,
-  brokers
+  brokers,
+  driver
 }
 
 type Args = Command.Command.ParseConfig<typeof options>
 
 const defaultDatabaseUrl = "postgres://postgres@127.0.0.1:5432/test"
 
-/** Runs one policy on a real broker; the module (and kafkajs) loads only when `--brokers` is given. */
+/** Runs one policy on a real broker; the module (and the clients) load only when `--brokers` is given. */
 const runReal = (
   args: Args,
   policy: PolicyName,
@@ -274,6 +283,7 @@ const runReal = (
       seed: args.seed,
       brokers: brokerList,
       databaseUrl,
+      driver: args.driver,
       rebalances: true,
       ...orderingOf(args),
       onProgress: (p) => onProgress(p.results, p.kills)

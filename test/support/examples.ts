@@ -38,13 +38,19 @@ export const runScript = (
   runtime: Runtime,
   file: string,
   args: ReadonlyArray<string> = [],
-  options: { readonly brokers?: string; readonly timeoutMillis?: number } = {}
+  options: {
+    readonly brokers?: string
+    readonly timeoutMillis?: number
+    readonly env?: Readonly<Record<string, string>>
+  } = {}
 ): Promise<Run> =>
   new Promise((resolve) => {
     const [cmd, base] = command(runtime, file)
     const env: NodeJS.ProcessEnv = { ...process.env, NO_COLOR: "1", DENO_NO_UPDATE_CHECK: "1" }
     delete env.KAFKA_BROKERS
+    delete env.KAFKA_DRIVER
     if (options.brokers !== undefined) env.KAFKA_BROKERS = options.brokers
+    Object.assign(env, options.env)
     const started = Date.now()
     execFile(
       cmd,

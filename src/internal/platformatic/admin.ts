@@ -10,7 +10,7 @@ import type { ProducerRecord } from "../../Producer.js"
 import * as producer from "../producer/producer.js"
 import { parseBrokers } from "../shared/config.js"
 import { makeClientOptions } from "./config.js"
-import { driverError } from "./errors.js"
+import { apiIds, driverError } from "./errors.js"
 import * as platformaticProducer from "./producer.js"
 
 /** A record of `produce`: the `Producer`'s record without its topic. */
@@ -52,10 +52,15 @@ export const createTopic = (
     }
     const options = yield* clientOptions(brokers)
     const admin = yield* closed(new Admin({ ...options, clientId: "effect-kafka-admin" }))
+    // A topic that exists already is left as it is.
     yield* Effect.tryPromise({
       try: () => admin.createTopics({ topics: [topic], partitions, replicas: -1 }),
-      catch: driverError("createTopic")
-    })
+      catch: (cause) => cause
+    }).pipe(
+      Effect.catchAll((cause) =>
+        apiIds(cause).includes("TOPIC_ALREADY_EXISTS") ? Effect.void : Effect.fail(driverError("createTopic")(cause))
+      )
+    )
     // A new topic's partitions are written to only once every one has a leader that answers for it: their offsets,
     // which only the leaders answer, are read until they all are.
     const consumer = yield* closed(
