@@ -93,7 +93,9 @@ const heartbeatWhileHeld = async (s: Session, interval: number, until: Promise<v
     done = true
   })
   while (!done && !s.closed) {
-    await Promise.race([until, new Promise((resolve) => setTimeout(resolve, interval))])
+    let timer: ReturnType<typeof setTimeout> | undefined
+    await Promise.race([until, new Promise((resolve) => timer = setTimeout(resolve, interval))])
+    clearTimeout(timer)
     if (done || s.closed) return
     try {
       const id = consumer.coordinatorId ?? await consumer.findGroupCoordinator()
@@ -138,9 +140,14 @@ const holdRejoin = (s: Session, plan: Plan) => async (): Promise<Buffer> => {
     partitions: owned,
     release: Effect.sync(() => release())
   })
-  const limit = new Promise<void>((resolve) => setTimeout(resolve, plan.holdLimit))
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const limit = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, plan.holdLimit)
+  })
   const until = Promise.race([released, limit])
   await Promise.race([until, heartbeatWhileHeld(s, plan.heartbeatInterval, until)])
+  // The limit's timer must not keep the process alive once the revoke was released.
+  clearTimeout(timer)
   s.held = undefined
   s.fetcher.remove(owned)
   return Buffer.alloc(0)
