@@ -6,7 +6,7 @@
  *   npm run bench -- --smoke                    every benchmark at tiny sizes, for CI (under a minute)
  *   npm run bench -- --json out.json            also write the results as JSON
  *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer,
- *                                               ordering, retries, observability
+ *                                               ordering, retries, observability, drivers
  *   npm run bench -- --rounds 7 --warmup 2      more rounds
  *
  * A broker is started with scripts/kafka.sh on a free port (and stopped at the end) unless KAFKA_BROKERS is set.
@@ -18,6 +18,7 @@ import * as path from "node:path"
 import { backlog, type BacklogSizes } from "./backlog.js"
 import { withBroker } from "./broker.js"
 import { type BenchResult, loadAverage, type Plan, renderResult } from "./harness.js"
+import { type DriverSizes, driversConsumer, driversProducer } from "./drivers.js"
 import { inMemory } from "./inMemory.js"
 import { observabilityInMemory, observabilityKafka, type ObservabilitySizes } from "./observability.js"
 import { exactlyOnce, type PostgresSizes } from "./postgres.js"
@@ -38,7 +39,8 @@ const benchmarkIds = [
   "producer",
   "ordering",
   "retries",
-  "observability"
+  "observability",
+  "drivers"
 ] as const
 type BenchmarkId = (typeof benchmarkIds)[number]
 
@@ -51,6 +53,7 @@ interface Sizes {
   readonly ordering: OrderingSizes
   readonly retries: { readonly inMemory: RetrySizes; readonly kafka: RetrySizes }
   readonly observability: ObservabilitySizes
+  readonly drivers: DriverSizes
 }
 
 const full: Sizes = {
@@ -70,7 +73,8 @@ const full: Sizes = {
     inMemory: { records: 200_000, timedRecords: 12_000, partitions: 6 },
     kafka: { records: 100_000, timedRecords: 12_000, partitions: 6 }
   },
-  observability: { inMemoryRecords: 1_000_000, kafkaRecords: 500_000, partitions: 6 }
+  observability: { inMemoryRecords: 1_000_000, kafkaRecords: 500_000, partitions: 6 },
+  drivers: { consumerRecords: 500_000, producerRecords: 200_000, partitions: 6 }
 }
 
 const smoke: Sizes = {
@@ -84,7 +88,8 @@ const smoke: Sizes = {
     inMemory: { records: 2_000, timedRecords: 300, partitions: 6 },
     kafka: { records: 2_000, timedRecords: 300, partitions: 6 }
   },
-  observability: { inMemoryRecords: 20_000, kafkaRecords: 3_000, partitions: 6 }
+  observability: { inMemoryRecords: 20_000, kafkaRecords: 3_000, partitions: 6 },
+  drivers: { consumerRecords: 3_000, producerRecords: 3_000, partitions: 6 }
 }
 
 export interface Options {
@@ -196,7 +201,7 @@ const main = async (): Promise<number> => {
   }
   if (
     wants("overhead") || wants("realistic") || wants("backlog") || wants("producer") || wants("ordering") ||
-    wants("retries") || wants("observability")
+    wants("retries") || wants("observability") || wants("drivers")
   ) {
     try {
       await withBroker(log, async (brokers) => {
@@ -221,6 +226,10 @@ const main = async (): Promise<number> => {
           if (wants("retries")) await attempt("retries-kafka", () => retriesKafka(plan, brokers, sizes.retries.kafka))
           if (wants("observability")) {
             await attempt("observability-kafka", () => observabilityKafka(plan, brokers, sizes.observability))
+          }
+          if (wants("drivers")) {
+            await attempt("drivers-consumer", () => driversConsumer(plan, brokers, topics, sizes.drivers))
+            await attempt("drivers-producer", () => driversProducer(plan, brokers, sizes.drivers))
           }
         } finally {
           await topics.close()

@@ -10,6 +10,7 @@ import { CompressionTypes, Kafka, logLevel, type Message } from "kafkajs"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import * as KafkaJs from "../src/KafkaJs.js"
+import * as Platformatic from "../src/Platformatic.js"
 import type { ProduceFailed } from "../src/KafkaError.js"
 import * as Producer from "../src/Producer.js"
 import { settings } from "./consumers.js"
@@ -42,13 +43,13 @@ const fresh = (what: string) => `bench-${what}-${process.pid}-${++seq}-${crypto.
 const kafkaOf = (brokers: string) =>
   new Kafka({ clientId: "bench-producer", brokers: brokers.split(","), logLevel: logLevel.NOTHING })
 
-const createTopic = async (brokers: string, partitions: number): Promise<string> => {
+export const createTopic = async (brokers: string, partitions: number): Promise<string> => {
   const topic = fresh("out")
   await createTopics(brokers, [topic], partitions)
   return topic
 }
 
-const deleteTopics = async (brokers: string, topics: ReadonlyArray<string>) => {
+export const deleteTopics = async (brokers: string, topics: ReadonlyArray<string>) => {
   const admin = kafkaOf(brokers).admin()
   await admin.connect()
   await admin.deleteTopics({ topics: [...topics] }).catch(() => undefined)
@@ -56,11 +57,11 @@ const deleteTopics = async (brokers: string, topics: ReadonlyArray<string>) => {
 }
 
 /** Both sides send in slices of this many records, so that they batch alike. */
-const SLICE = 1_000
+export const SLICE = 1_000
 
-type Durability = "acks1" | "idempotent"
+export type Durability = "acks1" | "idempotent"
 
-interface ThroughputRun {
+export interface ThroughputRun {
   readonly brokers: string
   readonly topic: string
   readonly records: number
@@ -70,13 +71,13 @@ interface ThroughputRun {
 }
 
 /** `records` per second since `started`, with the elapsed time. */
-const rate = (records: number, started: number): Sample => {
+export const rate = (records: number, started: number): Sample => {
   const millis = performance.now() - started
   return { value: records / (millis / 1000), details: { "total ms": millis } }
 }
 
 /** Raw kafkajs: `sendBatch` of SLICE records at a time, one in flight, explicit partitions. */
-const rawThroughput = async (
+export const rawThroughput = async (
   { brokers, durability, partitions, records, topic, valueBytes }: ThroughputRun
 ): Promise<Sample> => {
   const producer = kafkaOf(brokers).producer({
@@ -103,9 +104,10 @@ const rawThroughput = async (
   }
 }
 
-/** The library: `sendAll` of SLICE records at a time, linger 0 (a slice is a batch as it is). */
-const libraryThroughput = (
-  { brokers, durability, partitions, records, topic, valueBytes }: ThroughputRun
+/** The library: `sendAll` of SLICE records at a time, linger 0 (a slice is a batch as it is), on either driver. */
+export const libraryThroughput = (
+  { brokers, durability, partitions, records, topic, valueBytes }: ThroughputRun,
+  driver: "kafkajs" | "platformatic" = "kafkajs"
 ): Promise<Sample> =>
   Effect.runPromise(
     Effect.gen(function*() {
@@ -118,13 +120,22 @@ const libraryThroughput = (
       }
       return rate(records, started)
     }).pipe(
-      Effect.provide(KafkaJs.layerProducer({
-        brokers: brokers.split(","),
-        logLevel: "nothing",
-        linger: 0,
-        batchSize: 4 * 1024 * 1024,
-        ...(durability === "idempotent" ? { acks: "all", idempotent: true } : { acks: 1, idempotent: false })
-      })),
+      Effect.provide(
+        driver === "platformatic"
+          ? Platformatic.layerProducer({
+            brokers: brokers.split(","),
+            linger: 0,
+            batchSize: 4 * 1024 * 1024,
+            ...(durability === "idempotent" ? { acks: "all", idempotent: true } : { acks: 1, idempotent: false })
+          })
+          : KafkaJs.layerProducer({
+            brokers: brokers.split(","),
+            logLevel: "nothing",
+            linger: 0,
+            batchSize: 4 * 1024 * 1024,
+            ...(durability === "idempotent" ? { acks: "all", idempotent: true } : { acks: 1, idempotent: false })
+          })
+      ),
       Effect.scoped
     )
   )
