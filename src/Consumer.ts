@@ -259,7 +259,8 @@ export type Handler<E, R> = (
  *
  * @example
  * ```ts
- * import { CommitPolicy, Consumer, KafkaJs } from "effect-kafka-delivery"
+ * import { CommitPolicy, Consumer } from "effect-kafka-delivery"
+ * import * as Platformatic from "effect-kafka-delivery/Platformatic"
  * import * as Console from "effect/Console"
  * import * as Effect from "effect/Effect"
  * import * as Layer from "effect/Layer"
@@ -271,7 +272,7 @@ export type Handler<E, R> = (
  * // Building the program connects to nothing: the driver connects when the program runs.
  * const program = consumer.pipe(
  *   Effect.provide(Layer.merge(
- *     KafkaJs.layer({ brokers: ["localhost:9092"] }),
+ *     Platformatic.layer({ brokers: ["localhost:9092"] }),
  *     CommitPolicy.commitAfter({ maxBatch: 500, maxInterval: "1 second" })
  *   ))
  * )

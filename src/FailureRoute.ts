@@ -96,7 +96,8 @@ export const stop: Stop = { _tag: "Stop" }
  *
  * @example
  * ```ts
- * import { CommitPolicy, Consumer, FailureRoute, KafkaJs } from "effect-kafka-delivery"
+ * import { CommitPolicy, Consumer, FailureRoute } from "effect-kafka-delivery"
+ * import * as Platformatic from "effect-kafka-delivery/Platformatic"
  * import * as Effect from "effect/Effect"
  * import * as Layer from "effect/Layer"
  *
@@ -112,8 +113,8 @@ export const stop: Stop = { _tag: "Stop" }
  * const program = consumer.pipe(
  *   Effect.provide(Layer.mergeAll(
  *     CommitPolicy.commitAfter({ maxBatch: 500, maxInterval: "1 second" }),
- *     KafkaJs.layer({ brokers }),
- *     KafkaJs.layerProducer({ brokers, idempotent: true })
+ *     Platformatic.layer({ brokers }),
+ *     Platformatic.layerProducer({ brokers, idempotent: true })
  *   ))
  * )
  * ```

@@ -44,7 +44,9 @@ const expected = [
   "retries-inmemory",
   "retries-kafka",
   "observability-inmemory",
-  "observability-kafka"
+  "observability-kafka",
+  "drivers-consumer",
+  "drivers-producer"
 ]
 
 const runSmoke = (json: string) =>

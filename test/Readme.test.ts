@@ -46,11 +46,21 @@ describe("README", () => {
     const pkg = JSON.parse(read("package.json")) as {
       readonly name: string
       readonly peerDependencies: Record<string, string>
+      readonly peerDependenciesMeta?: Record<string, { readonly optional?: boolean }>
     }
     const install = codeBlocks(section(readme, "Quick start")).find((b) => b.code.startsWith("npm install "))
     assert.isDefined(install, "an npm install line")
     const names = install!.code.trim().split(/\s+/).slice(2)
-    for (const name of [pkg.name, ...Object.keys(pkg.peerDependencies)]) assert.include(names, name)
+    // Every peer a user must install, and the optional ones (a client) that the quick start imports.
+    const imported = new Set(
+      [...quickStartProgram().matchAll(/from "([^"]+)"/g)].map((m) => m[1]!.split("/").slice(0, m[1]!.startsWith("@") ? 2 : 1).join("/"))
+    )
+    const peers = Object.keys(pkg.peerDependencies).filter((name) =>
+      pkg.peerDependenciesMeta?.[name]?.optional !== true || imported.has(name)
+    )
+    for (const name of [pkg.name, ...peers]) assert.include(names, name)
+    const clients = Object.keys(pkg.peerDependencies).filter((name) => pkg.peerDependenciesMeta?.[name]?.optional)
+    assert.isTrue(clients.some((name) => names.includes(name)), "the install line names the client the quick start uses")
   })
 
   it("has the two commands, and package.json the scripts they run", () => {

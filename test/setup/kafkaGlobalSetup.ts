@@ -56,8 +56,8 @@ export default async function setup(project: TestProject): Promise<(() => Promis
   process.env.KAFKA_BROKERS = brokers
   project.provide("kafkaBrokers", brokers)
   project.provide("kafkaSetupError", "")
-  // scripts/kafka.sh runs the release KAFKA_VERSION names (3.9.1 when unset).
-  const version = process.env.KAFKA_VERSION ?? "3.9.1"
+  // scripts/kafka.sh runs the release KAFKA_VERSION names (4.4.0 when unset).
+  const version = process.env.KAFKA_VERSION ?? "4.4.0"
   process.stderr.write(
     `[kafka] Apache Kafka ${version} broker ${brokers} ready in ${((Date.now() - started) / 1000).toFixed(1)}s\n`
   )

@@ -91,6 +91,172 @@ const responseOf = (error: unknown): Response | undefined => {
     : undefined
 }
 
+/** What the fetcher keeps: the options it was made with, and its partitions and fetches. */
+interface State {
+  readonly consumer: Consumer
+  readonly pool: ConnectionPool
+  readonly settings: FetchSettings
+  readonly wake: () => void
+  readonly log: (message: string) => void
+  readonly partitions: Map<string, PartitionState>
+  /** The leaders with a fetch in flight: one at a time each. */
+  readonly inFlight: Set<number>
+  readonly outOfRange: Array<{ readonly tp: TopicPartition.TopicPartition; readonly position: bigint }>
+  failure: { since: number; error: unknown } | undefined
+  closed: boolean
+}
+
+const fetchable = (p: PartitionState) =>
+  p.position !== undefined && p.buffered === undefined && !p.paused && !p.suspended && !p.stopped
+
+/** Takes a fetch's answer for the partitions it was sent for, at the positions it was sent from. */
+const apply = (st: State, sent: ReadonlyArray<Sent>, topicNames: ReadonlyMap<string, string>, response: Response) => {
+  const byKey = new Map(sent.map((s) => [s.key, s]))
+  for (const topic of response.responses) {
+    const name = topicNames.get(topic.topicId) ?? topic.topicId
+    for (const answer of topic.partitions) {
+      const key = TopicPartition.key(TopicPartition.make(name, answer.partitionIndex))
+      const request = byKey.get(key)
+      const state = st.partitions.get(key)
+      // Taken only for the position it was sent for: a seek, a revoke or a pause since then drops it.
+      if (request === undefined || state === undefined || state.epoch !== request.epoch) continue
+      if (state.position !== request.from || state.buffered !== undefined || state.suspended) continue
+      if (answer.errorCode === OFFSET_OUT_OF_RANGE) {
+        state.suspended = true
+        st.outOfRange.push({ tp: state.tp, position: request.from })
+        continue
+      }
+      if (answer.errorCode !== 0) continue
+      const fetched = toRecords(
+        name,
+        answer.partitionIndex,
+        request.from,
+        answer.records ?? [],
+        answer.abortedTransactions,
+        st.settings.readCommitted
+      )
+      if (fetched.next !== undefined && fetched.next > request.from) {
+        state.buffered = { records: fetched.records, next: fetched.next }
+      }
+    }
+  }
+}
+
+/** Sends one leader's fetch; its answer is taken when it comes, and the session woken. */
+const fetchNode = (
+  st: State,
+  node: number,
+  topics: Map<string, Array<FetchRequestPartition>>,
+  sent: Array<Sent>,
+  names: Map<string, string>
+) => {
+  const { settings } = st
+  st.inFlight.add(node)
+  st.consumer.fetch({
+    node,
+    connectionPool: st.pool,
+    maxWaitTime: settings.maxWaitTime,
+    minBytes: settings.minBytes,
+    maxBytes: settings.maxBytes,
+    isolationLevel: settings.readCommitted ? 1 : 0,
+    topics: Array.from(topics, ([topicId, list]) => ({ topicId, partitions: list }))
+  }).then(
+    (response) => {
+      st.failure = undefined
+      if (!st.closed) apply(st, sent, names, response as unknown as Response)
+    },
+    (error: unknown) => {
+      // A response with a partition's error (out of range) still carries the other partitions' records.
+      const response = responseOf(error)
+      if (response !== undefined && !st.closed) apply(st, sent, names, response)
+      const ids = apiIds(error)
+      if (response === undefined || ids.some((id) => id !== "OFFSET_OUT_OF_RANGE")) {
+        if (st.failure === undefined) st.failure = { since: Date.now(), error }
+        if (!st.closed) st.log(`fetch failed${isRetriable(error) ? ", trying again" : ""}: ${describe(error)}`)
+      } else {
+        st.failure = undefined
+      }
+    }
+  ).finally(() => {
+    st.inFlight.delete(node)
+    st.wake()
+  })
+}
+
+/** Starts a fetch on each leader with fetchable partitions and none in flight. */
+const start = (st: State) => {
+  if (st.closed) return
+  const wanted = Array.from(st.partitions.values()).filter(fetchable)
+  if (wanted.length === 0) return
+  const metadata = st.consumer.currentMetadata
+  if (metadata === undefined) {
+    void st.consumer.metadata({ topics: Array.from(new Set(wanted.map((p) => p.tp.topic))) }).then(st.wake, st.wake)
+    return
+  }
+  const byNode = new Map<number, { topics: Map<string, Array<FetchRequestPartition>>; sent: Array<Sent> }>()
+  const names = new Map<string, string>()
+  const missing = new Set<string>()
+  for (const p of wanted) {
+    const topic = metadata.topics.get(p.tp.topic)
+    const leader = topic?.partitions[p.tp.partition]
+    if (topic === undefined || leader === undefined || leader.leader < 0) {
+      missing.add(p.tp.topic)
+      continue
+    }
+    if (st.inFlight.has(leader.leader)) continue
+    names.set(topic.id, p.tp.topic)
+    let entry = byNode.get(leader.leader)
+    if (entry === undefined) byNode.set(leader.leader, entry = { topics: new Map(), sent: [] })
+    let list = entry.topics.get(topic.id)
+    if (list === undefined) entry.topics.set(topic.id, list = [])
+    list.push({
+      partition: p.tp.partition,
+      currentLeaderEpoch: -1,
+      fetchOffset: p.position!,
+      lastFetchedEpoch: -1,
+      partitionMaxBytes: st.settings.maxBytesPerPartition
+    })
+    entry.sent.push({ key: TopicPartition.key(p.tp), epoch: p.epoch, from: p.position! })
+  }
+  if (missing.size > 0) {
+    void st.consumer.metadata({ topics: Array.from(missing), forceUpdate: true }).then(st.wake, st.wake)
+  }
+  for (const [node, { sent, topics }] of byNode) fetchNode(st, node, topics, sent, names)
+}
+
+/** Hands over what was fetched: at most `maxPollRecords` records per partition, and the partitions out of range. */
+const take = (st: State): Array<DriverEvent> => {
+  const events: Array<DriverEvent> = []
+  for (const { position, tp } of st.outOfRange.splice(0)) {
+    const state = st.partitions.get(TopicPartition.key(tp))
+    if (state !== undefined && state.suspended && !state.stopped && state.position === position) {
+      events.push({ _tag: "OutOfRange", partition: tp, position })
+    }
+  }
+  for (const state of st.partitions.values()) {
+    const buffered = state.buffered
+    if (buffered === undefined || state.paused || state.stopped || state.position === undefined) continue
+    const from = state.position
+    if (buffered.records.length <= st.settings.maxPollRecords) {
+      state.buffered = undefined
+      state.position = buffered.next
+      events.push({
+        _tag: "Records",
+        partition: state.tp,
+        records: Chunk.unsafeFromArray(buffered.records),
+        from,
+        next: buffered.next
+      })
+    } else {
+      const part = buffered.records.splice(0, st.settings.maxPollRecords)
+      const next = part[part.length - 1]!.offset + 1n
+      state.position = next
+      events.push({ _tag: "Records", partition: state.tp, records: Chunk.unsafeFromArray(part), from, next })
+    }
+  }
+  return events
+}
+
 /** @internal */
 export const makeFetcher = (options: {
   readonly consumer: Consumer
@@ -100,180 +266,30 @@ export const makeFetcher = (options: {
   readonly wake: () => void
   readonly log: (message: string) => void
 }): Fetcher => {
-  const { consumer, pool, settings, wake } = options
-  const partitions = new Map<string, PartitionState>()
-  const inFlight = new Set<number>()
-  const outOfRange: Array<{ readonly tp: TopicPartition.TopicPartition; readonly position: bigint }> = []
-  let failure: { since: number; error: unknown } | undefined
-  let closed = false
-
-  const fetchable = (p: PartitionState) =>
-    p.position !== undefined && p.buffered === undefined && !p.paused && !p.suspended && !p.stopped
-
-  const apply = (sent: ReadonlyArray<Sent>, topicNames: ReadonlyMap<string, string>, response: Response) => {
-    const byKey = new Map(sent.map((s) => [s.key, s]))
-    for (const topic of response.responses) {
-      const name = topicNames.get(topic.topicId) ?? topic.topicId
-      for (const answer of topic.partitions) {
-        const key = TopicPartition.key(TopicPartition.make(name, answer.partitionIndex))
-        const request = byKey.get(key)
-        const state = partitions.get(key)
-        // Taken only for the position it was sent for: a seek, a revoke or a pause since then drops it.
-        if (request === undefined || state === undefined || state.epoch !== request.epoch) continue
-        if (state.position !== request.from || state.buffered !== undefined || state.suspended) continue
-        if (answer.errorCode === OFFSET_OUT_OF_RANGE) {
-          state.suspended = true
-          outOfRange.push({ tp: state.tp, position: request.from })
-          continue
-        }
-        if (answer.errorCode !== 0) continue
-        const fetched = toRecords(
-          name,
-          answer.partitionIndex,
-          request.from,
-          answer.records ?? [],
-          answer.abortedTransactions,
-          settings.readCommitted
-        )
-        if (fetched.next !== undefined && fetched.next > request.from) {
-          state.buffered = { records: fetched.records, next: fetched.next }
-        }
-      }
-    }
+  const st: State = {
+    ...options,
+    partitions: new Map(),
+    inFlight: new Set(),
+    outOfRange: [],
+    failure: undefined,
+    closed: false
   }
-
-  const fetchNode = (
-    node: number,
-    topics: Map<string, Array<FetchRequestPartition>>,
-    sent: Array<Sent>,
-    names: Map<string, string>
-  ) => {
-    inFlight.add(node)
-    consumer.fetch({
-      node,
-      connectionPool: pool,
-      maxWaitTime: settings.maxWaitTime,
-      minBytes: settings.minBytes,
-      maxBytes: settings.maxBytes,
-      isolationLevel: settings.readCommitted ? 1 : 0,
-      topics: Array.from(topics, ([topicId, list]) => ({ topicId, partitions: list }))
-    }).then(
-      (response) => {
-        failure = undefined
-        if (!closed) apply(sent, names, response as unknown as Response)
-      },
-      (error: unknown) => {
-        // A response with a partition's error (out of range) still carries the other partitions' records.
-        const response = responseOf(error)
-        if (response !== undefined && !closed) apply(sent, names, response)
-        const ids = apiIds(error)
-        if (response === undefined || ids.some((id) => id !== "OFFSET_OUT_OF_RANGE")) {
-          if (failure === undefined) failure = { since: Date.now(), error }
-          if (!closed) options.log(`fetch failed${isRetriable(error) ? ", trying again" : ""}: ${describe(error)}`)
-        } else {
-          failure = undefined
-        }
-      }
-    ).finally(() => {
-      inFlight.delete(node)
-      wake()
-    })
-  }
-
-  const start = () => {
-    if (closed) return
-    const wanted = Array.from(partitions.values()).filter(fetchable)
-    if (wanted.length === 0) return
-    const metadata = consumer.currentMetadata
-    if (metadata === undefined) {
-      void consumer.metadata({ topics: Array.from(new Set(wanted.map((p) => p.tp.topic))) }).then(wake, wake)
-      return
-    }
-    const byNode = new Map<number, { topics: Map<string, Array<FetchRequestPartition>>; sent: Array<Sent> }>()
-    const names = new Map<string, string>()
-    const missing = new Set<string>()
-    for (const p of wanted) {
-      const topic = metadata.topics.get(p.tp.topic)
-      const leader = topic?.partitions[p.tp.partition]
-      if (topic === undefined || leader === undefined || leader.leader < 0) {
-        missing.add(p.tp.topic)
-        continue
-      }
-      if (inFlight.has(leader.leader)) continue
-      names.set(topic.id, p.tp.topic)
-      let entry = byNode.get(leader.leader)
-      if (entry === undefined) {
-        entry = { topics: new Map(), sent: [] }
-        byNode.set(leader.leader, entry)
-      }
-      let list = entry.topics.get(topic.id)
-      if (list === undefined) {
-        list = []
-        entry.topics.set(topic.id, list)
-      }
-      list.push({
-        partition: p.tp.partition,
-        currentLeaderEpoch: -1,
-        fetchOffset: p.position!,
-        lastFetchedEpoch: -1,
-        partitionMaxBytes: settings.maxBytesPerPartition
-      })
-      entry.sent.push({ key: TopicPartition.key(p.tp), epoch: p.epoch, from: p.position! })
-    }
-    if (missing.size > 0) {
-      void consumer.metadata({ topics: Array.from(missing), forceUpdate: true }).then(wake, wake)
-    }
-    for (const [node, { sent, topics }] of byNode) fetchNode(node, topics, sent, names)
-  }
-
-  const take = (): Array<DriverEvent> => {
-    const events: Array<DriverEvent> = []
-    for (const { position, tp } of outOfRange.splice(0)) {
-      const state = partitions.get(TopicPartition.key(tp))
-      if (state !== undefined && state.suspended && !state.stopped && state.position === position) {
-        events.push({ _tag: "OutOfRange", partition: tp, position })
-      }
-    }
-    for (const state of partitions.values()) {
-      const buffered = state.buffered
-      if (buffered === undefined || state.paused || state.stopped || state.position === undefined) continue
-      const from = state.position
-      if (buffered.records.length <= settings.maxPollRecords) {
-        state.buffered = undefined
-        state.position = buffered.next
-        events.push({
-          _tag: "Records",
-          partition: state.tp,
-          records: Chunk.unsafeFromArray(buffered.records),
-          from,
-          next: buffered.next
-        })
-      } else {
-        const part = buffered.records.splice(0, settings.maxPollRecords)
-        const next = part[part.length - 1]!.offset + 1n
-        state.position = next
-        events.push({ _tag: "Records", partition: state.tp, records: Chunk.unsafeFromArray(part), from, next })
-      }
-    }
-    return events
-  }
-
+  const { partitions } = st
   return {
     partitions,
     add: (tps) => {
       for (const tp of tps) {
         const key = TopicPartition.key(tp)
-        if (!partitions.has(key)) {
-          partitions.set(key, {
-            tp,
-            position: undefined,
-            buffered: undefined,
-            paused: false,
-            suspended: false,
-            epoch: 0,
-            stopped: false
-          })
-        }
+        if (partitions.has(key)) continue
+        partitions.set(key, {
+          tp,
+          position: undefined,
+          buffered: undefined,
+          paused: false,
+          suspended: false,
+          epoch: 0,
+          stopped: false
+        })
       }
     },
     remove: (tps) => {
@@ -295,14 +311,14 @@ export const makeFetcher = (options: {
       state.epoch++
       return true
     },
-    start,
-    take,
+    start: () => start(st),
+    take: () => take(st),
     ready: () =>
-      outOfRange.length > 0 ||
+      st.outOfRange.length > 0 ||
       Array.from(partitions.values()).some((p) => p.buffered !== undefined && !p.paused && !p.stopped),
-    failing: () => failure,
+    failing: () => st.failure,
     close: () => {
-      closed = true
+      st.closed = true
       partitions.clear()
     }
   }
