@@ -1,5 +1,5 @@
 /**
- * Benchmark 10: the driver on @platformatic/kafka against the raw client doing the same work, and each driver of the
+ * Benchmark 12: the driver on @platformatic/kafka against the raw client doing the same work, and each driver of the
  * library against the other on the same broker, for the consumer and for the producer.
  */
 import { Consumer as RawConsumer, Producer as RawProducer } from "@platformatic/kafka"
@@ -108,7 +108,7 @@ export const driversConsumer = (
       maxWaitTime: settings.maxWaitTimeInMs,
       heartbeatInterval: settings.heartbeatIntervalMs
     })
-    plan.log(`10. drivers, consumer, ${topic.records.toLocaleString("en-US")} x 256 B`)
+    plan.log(`12. drivers, consumer, ${topic.records.toLocaleString("en-US")} x 256 B`)
     const variants = await compare(plan, [
       {
         id: "rawP",
@@ -133,7 +133,7 @@ export const driversConsumer = (
     ])
     return {
       id: "drivers-consumer",
-      title: `10. Drivers, consumer: ${
+      title: `12. Drivers, consumer: ${
         topic.records.toLocaleString("en-US")
       } records x 256 B, ${topic.partitions} partitions`,
       unit: "records/s",
@@ -160,7 +160,7 @@ export const driversProducer = (plan: Plan, brokers: string, sizes: DriverSizes)
     const topic = await createTopic(brokers, sizes.partitions)
     try {
       const n = sizes.producerRecords
-      plan.log(`10. drivers, producer, ${n.toLocaleString("en-US")} x 256 B`)
+      plan.log(`12. drivers, producer, ${n.toLocaleString("en-US")} x 256 B`)
       const spec: ThroughputRun = {
         brokers,
         topic,
@@ -190,7 +190,7 @@ export const driversProducer = (plan: Plan, brokers: string, sizes: DriverSizes)
       ])
       return {
         id: "drivers-producer",
-        title: `10. Drivers, producer: ${n.toLocaleString("en-US")} records x 256 B, ${sizes.partitions} partitions`,
+        title: `12. Drivers, producer: ${n.toLocaleString("en-US")} records x 256 B, ${sizes.partitions} partitions`,
         unit: "records/s",
         warmup: throughputPlan.warmup,
         rounds: throughputPlan.rounds,

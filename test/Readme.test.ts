@@ -53,14 +53,19 @@ describe("README", () => {
     const names = install!.code.trim().split(/\s+/).slice(2)
     // Every peer a user must install, and the optional ones (a client) that the quick start imports.
     const imported = new Set(
-      [...quickStartProgram().matchAll(/from "([^"]+)"/g)].map((m) => m[1]!.split("/").slice(0, m[1]!.startsWith("@") ? 2 : 1).join("/"))
+      [...quickStartProgram().matchAll(/from "([^"]+)"/g)].map((m) =>
+        m[1]!.split("/").slice(0, m[1]!.startsWith("@") ? 2 : 1).join("/")
+      )
     )
     const peers = Object.keys(pkg.peerDependencies).filter((name) =>
       pkg.peerDependenciesMeta?.[name]?.optional !== true || imported.has(name)
     )
     for (const name of [pkg.name, ...peers]) assert.include(names, name)
     const clients = Object.keys(pkg.peerDependencies).filter((name) => pkg.peerDependenciesMeta?.[name]?.optional)
-    assert.isTrue(clients.some((name) => names.includes(name)), "the install line names the client the quick start uses")
+    assert.isTrue(
+      clients.some((name) => names.includes(name)),
+      "the install line names the client the quick start uses"
+    )
   })
 
   it("has the two commands, and package.json the scripts they run", () => {

@@ -21,6 +21,7 @@ import * as Consumer from "../src/Consumer.js"
 import type { Driver } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as KafkaJs from "../src/KafkaJs.js"
+import * as Platformatic from "../src/Platformatic.js"
 import {
   type InvalidConfig,
   type DriverError as KafkaDriverError,
@@ -209,6 +210,23 @@ describe("the producer's signatures", () => {
     expectTypeOf(KafkaJs.layerProducer({ brokers: ["localhost:9092"] })).toEqualTypeOf<
       Layer.Layer<Producer.Producer, InvalidConfig | KafkaDriverError, never>
     >()
+    // Both drivers promise the same: a bad setting fails the layer with InvalidConfig, nothing more.
+    expectTypeOf(Platformatic.layer({ brokers: ["localhost:9092"] })).toEqualTypeOf<
+      Layer.Layer<Driver, InvalidConfig, never>
+    >()
+    expectTypeOf(KafkaJs.layer({ brokers: ["localhost:9092"] })).toEqualTypeOf<
+      Layer.Layer<Driver, InvalidConfig, never>
+    >()
+    expectTypeOf(Platformatic.layerProducer({ brokers: ["localhost:9092"] })).toEqualTypeOf<
+      Layer.Layer<Producer.Producer, InvalidConfig | KafkaDriverError, never>
+    >()
+    expectTypeOf(Platformatic.layerTransactionalProducers({ brokers: ["localhost:9092"] })).toEqualTypeOf<
+      Layer.Layer<Producer.TransactionalProducers, InvalidConfig | KafkaDriverError, never>
+    >()
+    // @ts-expect-error the SASL password is a Redacted value, never a plain string
+    Platformatic.layer({ brokers: ["h:1"], sasl: { mechanism: "plain", username: "u", password: "p" } })
+    // @ts-expect-error a session's settings belong to the consumer, not to the driver
+    Platformatic.layer({ brokers: ["h:1"], sessionTimeout: "10 seconds" })
   })
 
   it.effect("a failed send is a ProduceFailed at run time, as the type says", () =>
