@@ -6,7 +6,6 @@
  * @since 0.1.0
  */
 import * as Duration from "effect/Duration"
-import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as Redacted from "effect/Redacted"
@@ -18,6 +17,7 @@ import * as kafkajsProducer from "./internal/kafkajs/producer.js"
 import * as session from "./internal/kafkajs/session.js"
 import * as kafkajsTransactional from "./internal/kafkajs/transactional.js"
 import * as producerInternal from "./internal/producer/producer.js"
+import { singleTransactional } from "./internal/producer/single.js"
 import {
   Producer,
   type ProducerRecord,
@@ -341,15 +341,7 @@ export const layerTransactionalProducers = (
 export const layerTransactionalProducer = (
   config: TransactionalProducerConfig
 ): Layer.Layer<TransactionalProducer, InvalidConfig | DriverError | TransactionFailed> =>
-  Layer.scoped(
-    TransactionalProducer,
-    Effect.gen(function*() {
-      const transactionalId = yield* producerInternal.checkTransactionalId(config.transactionalId)
-      const { transactionalId: _, ...rest } = config
-      const producers = yield* Layer.build(layerTransactionalProducers(rest))
-      return yield* Context.get(producers, TransactionalProducers).make(transactionalId)
-    })
-  )
+  singleTransactional(config, layerTransactionalProducers)
 
 /**
  * Checks broker addresses the way `layer` does: `host:port,host:port` as one string (as `KAFKA_BROKERS` is usually

@@ -18,7 +18,6 @@
  *
  * @since 0.3.0
  */
-import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
@@ -31,6 +30,7 @@ import * as platformaticProducer from "./internal/platformatic/producer.js"
 import * as session from "./internal/platformatic/session.js"
 import * as platformaticTransactional from "./internal/platformatic/transactional.js"
 import * as producerInternal from "./internal/producer/producer.js"
+import { singleTransactional } from "./internal/producer/single.js"
 import { parseBrokers as parseBrokerList, positiveInteger, positiveMillis } from "./internal/shared/config.js"
 import {
   Producer,
@@ -210,15 +210,7 @@ export const layerTransactionalProducers = (
 export const layerTransactionalProducer = (
   config: TransactionalProducerConfig
 ): Layer.Layer<TransactionalProducer, InvalidConfig | DriverError | TransactionFailed> =>
-  Layer.scoped(
-    TransactionalProducer,
-    Effect.gen(function*() {
-      const transactionalId = yield* producerInternal.checkTransactionalId(config.transactionalId)
-      const { transactionalId: _, ...rest } = config
-      const producers = yield* Layer.build(layerTransactionalProducers(rest))
-      return yield* Context.get(producers, TransactionalProducers).make(transactionalId)
-    })
-  )
+  singleTransactional(config, layerTransactionalProducers)
 
 /**
  * A record for `produce`: a `ProducerRecord` without its topic.

@@ -4,6 +4,7 @@
  */
 import { CommitFailed, DriverError } from "../../KafkaError.js"
 import type { TopicPartition } from "../../TopicPartition.js"
+import { commitReasonOfProtocol } from "../shared/commitReasons.js"
 
 interface ErrorLike {
   readonly name?: unknown
@@ -116,37 +117,6 @@ export const driverError = (operation: string) => (cause: unknown): DriverError 
 
 type CommitFailureReason = CommitFailed["reason"]
 
-const commitReasonOfType = (type: string | undefined): CommitFailureReason | undefined => {
-  switch (type) {
-    case "REBALANCE_IN_PROGRESS":
-      return "RebalanceInProgress"
-    case "NOT_COORDINATOR_FOR_GROUP":
-    case "NOT_COORDINATOR":
-    case "GROUP_COORDINATOR_NOT_AVAILABLE":
-    case "COORDINATOR_NOT_AVAILABLE":
-    case "GROUP_LOAD_IN_PROGRESS":
-    case "COORDINATOR_LOAD_IN_PROGRESS":
-      return "CoordinatorNotAvailable"
-    case "REQUEST_TIMED_OUT":
-      return "Timeout"
-    case "NETWORK_EXCEPTION":
-      return "Disconnected"
-    case "ILLEGAL_GENERATION":
-      return "IllegalGeneration"
-    case "UNKNOWN_MEMBER_ID":
-    case "FENCED_INSTANCE_ID":
-      return "UnknownMember"
-    case "GROUP_AUTHORIZATION_FAILED":
-    case "TOPIC_AUTHORIZATION_FAILED":
-      return "Unauthorized"
-    case "OFFSET_METADATA_TOO_LARGE":
-    case "INVALID_COMMIT_OFFSET_SIZE":
-      return "Other"
-    default:
-      return undefined
-  }
-}
-
 /**
  * Classifies a refused commit of `partitions` by the protocol error inside it (kafkajs wraps it when it gave up
  * retrying), then by the kafkajs error around it: a timeout, a lost connection, and any other error kafkajs marks
@@ -162,7 +132,7 @@ export const commitFailed = (
   const chain = causeChain(cause)
   const names = chain.map((e) => e.name)
   const root = chain[chain.length - 1]
-  const reason: CommitFailureReason = commitReasonOfType(protocolType(cause)) ??
+  const reason: CommitFailureReason = commitReasonOfProtocol(protocolType(cause)) ??
     (names.includes(COORDINATOR_NOT_FOUND)
       ? "CoordinatorNotAvailable"
       : names.includes("KafkaJSRequestTimeoutError")

@@ -25,7 +25,6 @@ import { describe, driverError, isRetriable } from "./errors.js"
 import { makeFetch } from "./fetch.js"
 import {
   beginRevoke,
-  byTopic,
   enqueue,
   freshMemberState,
   k,
@@ -36,9 +35,9 @@ import {
   onHeartbeatAnswer,
   onJoinGroup,
   releaseRevoke,
-  type Session,
-  sortPartitions
+  type Session
 } from "./member.js"
+import { planSession, type SessionPlan } from "../shared/sessionPlan.js"
 import type { Entry } from "./partitions.js"
 import { makeReadWire } from "./readWire.js"
 import { memberState } from "./states.js"
@@ -68,60 +67,16 @@ const resetOf = (entry: LogEntry): { readonly topic: string; readonly partition:
 }
 
 /** What a session is given to join, checked, with the timings it follows. */
-interface Plan {
-  readonly isStatic: boolean
-  readonly requested: ReadonlyArray<TopicPartition.TopicPartition>
-  readonly topics: Array<string>
-  readonly sessionTimeout: number
-  readonly rebalanceTimeout: number
-  readonly pollTimeout: number
-  readonly heartbeatInterval: number
+interface Plan extends SessionPlan {
+  /** How often a waiting eachBatch looks at the session; kafkajs only sends a heartbeat once its interval passed. */
   readonly tick: number
-  readonly holdLimit: number
 }
 
 const planOf = (settings: ConsumerSettings, options: SessionOptions): Effect.Effect<Plan, DriverError> =>
-  Effect.gen(function*() {
-    const subscription = options.subscription
-    const isStatic = subscription._tag === "Partitions"
-    const requested = subscription._tag === "Partitions" ? sortPartitions(subscription.partitions) : []
-    const topics = subscription._tag === "Topics"
-      ? Array.from(new Set(subscription.topics))
-      : Array.from(byTopic(requested).keys())
-    if (topics.length === 0) {
-      return yield* new DriverError({ operation: "connect", reason: "the subscription names no topic or partition" })
-    }
-    if (!(options.maxPollRecords >= 1)) {
-      return yield* new DriverError({ operation: "connect", reason: "maxPollRecords must be at least 1" })
-    }
-
-    const sessionTimeout = Math.round(Duration.toMillis(options.sessionTimeout))
-    const rebalanceTimeout = Math.round(Duration.toMillis(options.rebalanceTimeout))
-    const pollTimeout = Math.max(0, Math.round(Duration.toMillis(options.pollTimeout)))
-    const heartbeatInterval = settings.heartbeatInterval ?? Math.max(100, Math.min(3000, sessionTimeout / 3))
-    if (heartbeatInterval >= sessionTimeout) {
-      return yield* new DriverError({
-        operation: "connect",
-        reason: `heartbeatInterval (${heartbeatInterval} ms) must be below the session timeout (${sessionTimeout} ms)`
-      })
-    }
-    // How often a waiting eachBatch looks at the session; kafkajs only sends a heartbeat once its interval passed.
-    const tick = Math.min(heartbeatInterval, 500)
-    // The group's rebalance started up to a heartbeat before this member noticed it; the held JoinGroup must reach the
-    // coordinator before the rebalance timeout, or the group goes on without this member.
-    const holdLimit = Math.max(0, rebalanceTimeout - heartbeatInterval - 1000)
-    return {
-      isStatic,
-      requested,
-      topics,
-      sessionTimeout,
-      rebalanceTimeout,
-      pollTimeout,
-      heartbeatInterval,
-      tick,
-      holdLimit
-    }
-  })
+  Effect.map(planSession(settings.heartbeatInterval, options), (plan) => ({
+    ...plan,
+    tick: Math.min(plan.heartbeatInterval, 500)
+  }))
 
 /**
  * Runs kafkajs's consumer until it has joined the group. Its `run` resolves after the first join, or once a failed

@@ -4,6 +4,7 @@
  */
 import { CommitFailed, DriverError } from "../../KafkaError.js"
 import type { TopicPartition } from "../../TopicPartition.js"
+import { commitReasonOfProtocol } from "../shared/commitReasons.js"
 
 interface ErrorLike {
   readonly message?: unknown
@@ -93,31 +94,6 @@ export const driverError = (operation: string) => (cause: unknown): DriverError 
 
 type CommitFailureReason = CommitFailed["reason"]
 
-const commitReasonOf = (id: string): CommitFailureReason | undefined => {
-  switch (id) {
-    case "REBALANCE_IN_PROGRESS":
-      return "RebalanceInProgress"
-    case "NOT_COORDINATOR":
-    case "COORDINATOR_NOT_AVAILABLE":
-    case "COORDINATOR_LOAD_IN_PROGRESS":
-      return "CoordinatorNotAvailable"
-    case "REQUEST_TIMED_OUT":
-      return "Timeout"
-    case "NETWORK_EXCEPTION":
-      return "Disconnected"
-    case "ILLEGAL_GENERATION":
-      return "IllegalGeneration"
-    case "UNKNOWN_MEMBER_ID":
-    case "FENCED_INSTANCE_ID":
-      return "UnknownMember"
-    case "GROUP_AUTHORIZATION_FAILED":
-    case "TOPIC_AUTHORIZATION_FAILED":
-      return "Unauthorized"
-    default:
-      return undefined
-  }
-}
-
 /**
  * Classifies a refused commit of `partitions` by the protocol errors in it, then by the client's own: a lost
  * connection or a timeout is retried, any other error that passes too; an unknown one that does not ends the consumer.
@@ -125,7 +101,7 @@ const commitReasonOf = (id: string): CommitFailureReason | undefined => {
  * @internal
  */
 export const commitFailed = (cause: unknown, partitions: ReadonlyArray<TopicPartition>): CommitFailed => {
-  const reasons = apiIds(cause).map(commitReasonOf).filter((r): r is CommitFailureReason => r !== undefined)
+  const reasons = apiIds(cause).map(commitReasonOfProtocol).filter((r): r is CommitFailureReason => r !== undefined)
   const codes = flatten(cause).map((e) => e.code)
   const reason: CommitFailureReason = reasons[0] ??
     (codes.includes("PLT_KFK_TIMEOUT")

@@ -23,6 +23,7 @@ import type * as Scope from "effect/Scope"
 import type { DriverEvent, DriverSession, SessionOptions } from "../../Driver.js"
 import { DriverError } from "../../KafkaError.js"
 import * as TopicPartition from "../../TopicPartition.js"
+import { planSession, type SessionPlan } from "../shared/sessionPlan.js"
 import * as commits from "./commits.js"
 import type { ClientOptions } from "./config.js"
 import { apiIds, describe, driverError, isRetriable, isUnknownTopic } from "./errors.js"
@@ -153,46 +154,7 @@ const holdRejoin = (s: Session, plan: Plan) => async (): Promise<Buffer> => {
   return Buffer.alloc(0)
 }
 
-interface Plan {
-  readonly isStatic: boolean
-  readonly requested: ReadonlyArray<TopicPartition.TopicPartition>
-  readonly topics: Array<string>
-  readonly sessionTimeout: number
-  readonly rebalanceTimeout: number
-  readonly pollTimeout: number
-  readonly heartbeatInterval: number
-  readonly holdLimit: number
-}
-
-const planOf = (settings: ConsumerSettings, options: SessionOptions): Effect.Effect<Plan, DriverError> =>
-  Effect.gen(function*() {
-    const subscription = options.subscription
-    const isStatic = subscription._tag === "Partitions"
-    const requested = subscription._tag === "Partitions" ? sorted(subscription.partitions) : []
-    const topics = subscription._tag === "Topics"
-      ? Array.from(new Set(subscription.topics))
-      : Array.from(new Set(requested.map((tp) => tp.topic)))
-    if (topics.length === 0) {
-      return yield* new DriverError({ operation: "connect", reason: "the subscription names no topic or partition" })
-    }
-    if (!(options.maxPollRecords >= 1)) {
-      return yield* new DriverError({ operation: "connect", reason: "maxPollRecords must be at least 1" })
-    }
-    const sessionTimeout = Math.round(Duration.toMillis(options.sessionTimeout))
-    const rebalanceTimeout = Math.round(Duration.toMillis(options.rebalanceTimeout))
-    const pollTimeout = Math.max(0, Math.round(Duration.toMillis(options.pollTimeout)))
-    const heartbeatInterval = settings.heartbeatInterval ?? Math.max(100, Math.min(3000, sessionTimeout / 3))
-    if (heartbeatInterval >= sessionTimeout) {
-      return yield* new DriverError({
-        operation: "connect",
-        reason: `heartbeatInterval (${heartbeatInterval} ms) must be below the session timeout (${sessionTimeout} ms)`
-      })
-    }
-    // The group's rebalance started up to a heartbeat before this member noticed it; the held JoinGroup must reach the
-    // coordinator before the rebalance timeout, or the group goes on without this member.
-    const holdLimit = Math.max(0, rebalanceTimeout - heartbeatInterval - 1000)
-    return { isStatic, requested, topics, sessionTimeout, rebalanceTimeout, pollTimeout, heartbeatInterval, holdLimit }
-  })
+type Plan = SessionPlan
 
 /** Every topic exists, and every partition a `Partitions` subscription names. */
 const checkTopics = (consumer: Consumer, plan: Plan): Effect.Effect<void, DriverError> =>
@@ -356,7 +318,7 @@ export const connect = (
           Effect.annotateLogs({ groupId: options.groupId, clientId: options.clientId })
         )
       )
-    const plan = yield* planOf(settings, options)
+    const plan = yield* planSession(settings.heartbeatInterval, options)
     const readCommitted = options.isolationLevel === undefined
       ? !settings.readUncommitted
       : options.isolationLevel === "read_committed"

@@ -1,0 +1,37 @@
+/**
+ * What a Kafka protocol error (by its name, in the names kafkajs and newer Kafka versions give it) means for a refused
+ * commit: the reason that decides what happens to its positions.
+ */
+import type { CommitFailed } from "../../KafkaError.js"
+
+/** @internal */
+export const commitReasonOfProtocol = (type: string | undefined): CommitFailed["reason"] | undefined => {
+  switch (type) {
+    case "REBALANCE_IN_PROGRESS":
+      return "RebalanceInProgress"
+    case "NOT_COORDINATOR_FOR_GROUP":
+    case "NOT_COORDINATOR":
+    case "GROUP_COORDINATOR_NOT_AVAILABLE":
+    case "COORDINATOR_NOT_AVAILABLE":
+    case "GROUP_LOAD_IN_PROGRESS":
+    case "COORDINATOR_LOAD_IN_PROGRESS":
+      return "CoordinatorNotAvailable"
+    case "REQUEST_TIMED_OUT":
+      return "Timeout"
+    case "NETWORK_EXCEPTION":
+      return "Disconnected"
+    case "ILLEGAL_GENERATION":
+      return "IllegalGeneration"
+    case "UNKNOWN_MEMBER_ID":
+    case "FENCED_INSTANCE_ID":
+      return "UnknownMember"
+    case "GROUP_AUTHORIZATION_FAILED":
+    case "TOPIC_AUTHORIZATION_FAILED":
+      return "Unauthorized"
+    case "OFFSET_METADATA_TOO_LARGE":
+    case "INVALID_COMMIT_OFFSET_SIZE":
+      return "Other"
+    default:
+      return undefined
+  }
+}
