@@ -89,9 +89,27 @@ export const produce = (
   records: Iterable<ProduceRecord>
 ): Effect.Effect<void, InvalidConfig | DriverError> =>
   Effect.gen(function*() {
-    const batch = Array.from(records, (record): ProducerRecord => ({ ...record, topic }))
-    if (batch.length === 0) return
+    const given = Array.from(records)
+    if (given.length === 0) return
     const options = yield* clientOptions(brokers)
+    // Records with neither key nor partition go round the partitions, one each in turn, as KafkaJs.produce does.
+    let count = 1
+    if (given.some((r) => r.partition === undefined && (r.key === undefined || r.key === null))) {
+      const reader = yield* closed(
+        new Consumer({ ...options, clientId: "effect-kafka-admin", groupId: "effect-kafka-admin" })
+      )
+      const metadata = yield* Effect.tryPromise({
+        try: () => reader.metadata({ topics: [topic], autocreateTopics: false }),
+        catch: driverError("produce")
+      })
+      count = metadata.topics.get(topic)?.partitionsCount ?? 1
+    }
+    let turn = 0
+    const batch = given.map((record): ProducerRecord =>
+      record.partition === undefined && (record.key === undefined || record.key === null)
+        ? { ...record, topic, partition: turn++ % count }
+        : { ...record, topic }
+    )
     const resolved = yield* producer.resolve({})
     const service = yield* platformaticProducer.make(options, "effect-kafka-producer", resolved)
     yield* Effect.mapError(
