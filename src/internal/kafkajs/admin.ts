@@ -2,8 +2,7 @@
  * The admin functions of `KafkaJs` (create a topic, produce, read end offsets), each on a kafkajs client of its own.
  */
 import * as Effect from "effect/Effect"
-import * as Option from "effect/Option"
-import * as Schedule from "effect/Schedule"
+import { awaitLeaders, checkNewTopic } from "../shared/topics.js"
 import { Partitioners } from "kafkajs"
 import type { Message } from "kafkajs"
 import { DriverError, type InvalidConfig } from "../../KafkaError.js"
@@ -30,10 +29,7 @@ export const createTopic = (
   partitions: number
 ): Effect.Effect<void, InvalidConfig | DriverError> =>
   Effect.gen(function*() {
-    if (topic.length === 0) return yield* new DriverError({ operation: "createTopic", reason: "empty topic name" })
-    if (!Number.isInteger(partitions) || partitions < 1) {
-      return yield* new DriverError({ operation: "createTopic", reason: `invalid partition count ${partitions}` })
-    }
+    yield* checkNewTopic(topic, partitions)
     const client = yield* adminClient(brokers, "effect-kafka-admin")
     const admin = client.admin()
     yield* Effect.acquireRelease(
@@ -68,16 +64,7 @@ export const createTopic = (
       ),
       Effect.catchAll(() => Effect.succeed(false))
     )
-    const led = yield* ready.pipe(
-      Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: (ok) => ok }),
-      Effect.timeoutOption("30 seconds")
-    )
-    if (Option.isNone(led)) {
-      return yield* new DriverError({
-        operation: "createTopic",
-        reason: `${topic} was created but its partitions had no leaders within 30 seconds`
-      })
-    }
+    yield* awaitLeaders(topic, ready)
   }).pipe(Effect.scoped)
 
 const toMessage = (record: ProduceRecord): Message => {

@@ -7,6 +7,7 @@ import { CommitFailed, DriverError } from "../../KafkaError.js"
 import * as OffsetBatch from "../../OffsetBatch.js"
 import * as TopicPartition from "../../TopicPartition.js"
 import { commitFailed, driverError } from "./errors.js"
+import { positionsOnly } from "../shared/topics.js"
 import { byTopic, k, type Session } from "./member.js"
 
 /**
@@ -112,11 +113,7 @@ export const committed = (
   s: Session,
   partitions: ReadonlyArray<TopicPartition.TopicPartition>
 ): Effect.Effect<ReadonlyMap<string, bigint>, DriverError> =>
-  Effect.map(committedWithMetadata(s, partitions), (found) => {
-    const out = new Map<string, bigint>()
-    for (const [key, { position }] of found) out.set(key, position)
-    return out
-  })
+  Effect.map(committedWithMetadata(s, partitions), positionsOnly)
 
 /** Each partition's log start, high watermark and last stable offset. @internal */
 export const offsets = (

@@ -127,16 +127,7 @@ export const sortPartitions = (
   partitions: Iterable<TopicPartition.TopicPartition>
 ): Array<TopicPartition.TopicPartition> => Array.from(partitions).sort(TopicPartition.compare)
 
-/** @internal */
-export const byTopic = (partitions: Iterable<TopicPartition.TopicPartition>): Map<string, Array<number>> => {
-  const out = new Map<string, Array<number>>()
-  for (const tp of partitions) {
-    const list = out.get(tp.topic)
-    if (list === undefined) out.set(tp.topic, [tp.partition])
-    else list.push(tp.partition)
-  }
-  return out
-}
+export { byTopic } from "../shared/topics.js"
 
 const flush = (s: Session) => {
   const entries = s.deferred ?? []

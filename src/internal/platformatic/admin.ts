@@ -3,8 +3,7 @@
  */
 import { Admin, Consumer } from "@platformatic/kafka"
 import * as Effect from "effect/Effect"
-import * as Option from "effect/Option"
-import * as Schedule from "effect/Schedule"
+import { awaitLeaders, checkNewTopic } from "../shared/topics.js"
 import { DriverError, type InvalidConfig } from "../../KafkaError.js"
 import type { ProducerRecord } from "../../Producer.js"
 import * as producer from "../producer/producer.js"
@@ -18,12 +17,6 @@ type ProduceRecord = Omit<ProducerRecord, "topic">
 
 const clientOptions = (brokers: string | ReadonlyArray<string>) =>
   Effect.flatMap(parseBrokers(brokers), (list) => makeClientOptions({ brokers: list }))
-
-const closed = <A extends { close: () => Promise<void> }>(client: A) =>
-  Effect.acquireRelease(
-    Effect.succeed(client),
-    (c) => Effect.promise(() => c.close().catch(() => undefined)).pipe(Effect.timeoutOption("10 seconds"))
-  )
 
 /**
  * Each partition's end, read through a consumer that never joins its group: the last stable offset (read committed),
@@ -46,12 +39,9 @@ export const createTopic = (
   partitions: number
 ): Effect.Effect<void, InvalidConfig | DriverError> =>
   Effect.gen(function*() {
-    if (topic.length === 0) return yield* new DriverError({ operation: "createTopic", reason: "empty topic name" })
-    if (!Number.isInteger(partitions) || partitions < 1) {
-      return yield* new DriverError({ operation: "createTopic", reason: `invalid partition count ${partitions}` })
-    }
+    yield* checkNewTopic(topic, partitions)
     const options = yield* clientOptions(brokers)
-    const admin = yield* closed(new Admin({ ...options, clientId: "effect-kafka-admin" }))
+    const admin = yield* platformaticProducer.closing(new Admin({ ...options, clientId: "effect-kafka-admin" }))
     // A topic that exists already is left as it is.
     yield* Effect.tryPromise({
       try: () => admin.createTopics({ topics: [topic], partitions, replicas: -1 }),
@@ -63,23 +53,14 @@ export const createTopic = (
     )
     // A new topic's partitions are written to only once every one has a leader that answers for it: their offsets,
     // which only the leaders answer, are read until they all are.
-    const consumer = yield* closed(
+    const consumer = yield* platformaticProducer.closing(
       new Consumer({ ...options, clientId: "effect-kafka-admin", groupId: "effect-kafka-admin" })
     )
     const ready = latest(consumer, topic).pipe(
       Effect.map((offsets) => offsets.size >= partitions),
       Effect.catchAll(() => Effect.succeed(false))
     )
-    const led = yield* ready.pipe(
-      Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: (ok) => ok }),
-      Effect.timeoutOption("30 seconds")
-    )
-    if (Option.isNone(led)) {
-      return yield* new DriverError({
-        operation: "createTopic",
-        reason: `${topic} was created but its partitions had no leaders within 30 seconds`
-      })
-    }
+    yield* awaitLeaders(topic, ready)
   }).pipe(Effect.scoped)
 
 /** @internal */
@@ -95,7 +76,7 @@ export const produce = (
     // Records with neither key nor partition go round the partitions, one each in turn, as KafkaJs.produce does.
     let count = 1
     if (given.some((r) => r.partition === undefined && (r.key === undefined || r.key === null))) {
-      const reader = yield* closed(
+      const reader = yield* platformaticProducer.closing(
         new Consumer({ ...options, clientId: "effect-kafka-admin", groupId: "effect-kafka-admin" })
       )
       const metadata = yield* Effect.tryPromise({
@@ -125,7 +106,7 @@ export const endOffsets = (
 ): Effect.Effect<ReadonlyMap<number, bigint>, InvalidConfig | DriverError> =>
   Effect.gen(function*() {
     const options = yield* clientOptions(brokers)
-    const consumer = yield* closed(
+    const consumer = yield* platformaticProducer.closing(
       new Consumer({ ...options, clientId: "effect-kafka-admin", groupId: "effect-kafka-admin" })
     )
     return yield* latest(consumer, topic)

@@ -11,6 +11,7 @@ import type { CommittedPosition, PartitionOffsets } from "../../Driver.js"
 import { CommitFailed, DriverError } from "../../KafkaError.js"
 import * as OffsetBatch from "../../OffsetBatch.js"
 import * as TopicPartition from "../../TopicPartition.js"
+import { byTopic, positionsOnly } from "../shared/topics.js"
 import { apiIds, commitFailed, driverError } from "./errors.js"
 
 /** What commits and reads need of a session. @internal */
@@ -22,16 +23,6 @@ export interface Group {
   readonly owns: (key: string) => boolean
   readonly isClosed: () => boolean
   coordinator: number | undefined
-}
-
-const byTopic = (partitions: ReadonlyArray<TopicPartition.TopicPartition>): Map<string, Array<number>> => {
-  const out = new Map<string, Array<number>>()
-  for (const { partition, topic } of partitions) {
-    const list = out.get(topic)
-    if (list === undefined) out.set(topic, [partition])
-    else if (!list.includes(partition)) list.push(partition)
-  }
-  return out
 }
 
 /** The connection to the group's coordinator, found again after it moved. */
@@ -153,11 +144,7 @@ export const committed = (
   g: Group,
   partitions: ReadonlyArray<TopicPartition.TopicPartition>
 ): Effect.Effect<ReadonlyMap<string, bigint>, DriverError> =>
-  Effect.map(committedWithMetadata(g, partitions), (found) => {
-    const out = new Map<string, bigint>()
-    for (const [key, { position }] of found) out.set(key, position)
-    return out
-  })
+  Effect.map(committedWithMetadata(g, partitions), positionsOnly)
 
 const EARLIEST = -2n
 const LATEST = -1n

@@ -49,8 +49,6 @@ export interface Fetcher {
   readonly start: () => void
   /** Hands over what was fetched: at most `maxPollRecords` records per partition, and the partitions out of range. */
   readonly take: () => Array<DriverEvent>
-  /** Whether `take` has something to hand over. */
-  readonly ready: () => boolean
   /** The last fetch failure that has not passed since `since` (ms), if any. */
   readonly failing: () => { readonly since: number; readonly error: unknown } | undefined
   readonly close: () => void
@@ -313,9 +311,6 @@ export const makeFetcher = (options: {
     },
     start: () => start(st),
     take: () => take(st),
-    ready: () =>
-      st.outOfRange.length > 0 ||
-      Array.from(partitions.values()).some((p) => p.buffered !== undefined && !p.paused && !p.stopped),
     failing: () => st.failure,
     close: () => {
       st.closed = true
