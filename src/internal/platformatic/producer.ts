@@ -84,6 +84,12 @@ const settle = (
 ) => {
   const base = new Map<string, bigint>()
   for (const { offset, partition, topic } of written ?? []) base.set(`${topic}\u0000${partition}`, offset)
+  if (acks === 0 && error === undefined) {
+    for (const { indexes, topic } of topics) {
+      for (const i of indexes) out[i] = { topic, partition: partitionOf[i]!, offset: -1n }
+    }
+    return out
+  }
   let unanswered = 0
   if (error !== undefined) {
     const seen = new Set<string>()
@@ -96,18 +102,22 @@ const settle = (
     unanswered = seen.size
   }
   for (const { indexes, topic } of topics) {
-    const next = new Map<number, bigint>()
+    // Per partition of the topic, the next record's offset; `null` once the partition is known to be unanswered.
+    const next: Array<bigint | null | undefined> = []
     for (const i of indexes) {
       const partition = partitionOf[i]!
-      if (acks === 0 && error === undefined) {
-        out[i] = { topic, partition, offset: -1n }
+      let offset = next[partition]
+      if (offset === undefined) {
+        const found = base.get(`${topic}\u0000${partition}`)
+        offset = found !== undefined && found >= 0n ? found : null
+      }
+      if (offset !== null) {
+        out[i] = { topic, partition, offset }
+        next[partition] = offset + 1n
         continue
       }
-      const offset = next.get(partition) ?? base.get(`${topic}\u0000${partition}`)
-      if (offset !== undefined && offset >= 0n) {
-        out[i] = { topic, partition, offset }
-        next.set(partition, offset + 1n)
-      } else if (error === undefined) {
+      next[partition] = null
+      if (error === undefined) {
         out[i] = new ProduceFailed({
           reason: "Other",
           topic,
@@ -166,9 +176,16 @@ export const makeWriter = (
   const sendLaidOut = (batch: ReadonlyArray<ProducerRecord>, known: ReadonlyMap<string, number | ProduceFailed>) => {
     const layout = partitioner(batch, known)
     if (layout.topics.length === 0) return Effect.succeed(layout.out)
-    const messages: Array<Message> = []
-    for (const { indexes } of layout.topics) {
-      for (const i of indexes) messages.push(toMessage(batch[i]!, layout.partitionOf[i]!))
+    const { partitionOf, topics } = layout
+    let size = 0
+    for (const { indexes } of topics) size += indexes.length
+    const messages: Array<Message> = new Array(size)
+    let m = 0
+    for (const { indexes } of topics) {
+      for (let k = 0; k < indexes.length; k++) {
+        const i = indexes[k]!
+        messages[m++] = toMessage(batch[i]!, partitionOf[i]!)
+      }
     }
     return Effect.async<Array<producer.Written>>((resume) => {
       send()(messages).then(
@@ -185,11 +202,21 @@ export const makeWriter = (
       const now = clock.unsafeCurrentTimeMillis()
       const known = new Map<string, number | ProduceFailed>()
       const stale: Array<string> = []
+      // Per topic, the highest partition a record names (-1 for none); batches mostly hold runs of one topic.
       const highest = new Map<string, number>()
-      for (const record of batch) {
-        const h = highest.get(record.topic) ?? -1
-        highest.set(record.topic, record.partition !== undefined && record.partition > h ? record.partition : h)
+      let topic: string | undefined
+      let high = -1
+      for (let i = 0; i < batch.length; i++) {
+        const record = batch[i]!
+        if (record.topic !== topic) {
+          if (topic !== undefined) highest.set(topic, high)
+          topic = record.topic
+          high = highest.get(topic) ?? -1
+        }
+        const partition = record.partition
+        if (partition !== undefined && partition > high) high = partition
       }
+      if (topic !== undefined) highest.set(topic, high)
       for (const [topic, partition] of highest) {
         const cached = counts.get(topic)
         if (cached === undefined || now - cached.at > METADATA_MAX_AGE || partition >= cached.count) stale.push(topic)
