@@ -92,6 +92,24 @@ export interface PartitionOffsets {
 }
 
 /**
+ * How a group moves partitions when its members change.
+ *
+ * - `eager`: every member gives up every partition, the whole group stops, and the partitions are assigned anew.
+ * - `cooperative` (KIP-429, the classic protocol with the cooperative-sticky assignor): members give up only the
+ *   partitions that move and keep the others running; a second round hands the moved partitions to their new owners
+ *   once every one of them was released.
+ * - `consumer` (KIP-848, the broker's group protocol of Kafka 4): the broker moves partitions one at a time; a
+ *   partition goes to its new owner as soon as its old owner released it.
+ *
+ * Under each, a partition reaches its new owner only after its old owner's `release` (or after the old owner's
+ * rebalance deadline, when it is evicted).
+ *
+ * @since 0.3.0
+ * @category models
+ */
+export type RebalanceProtocol = "eager" | "cooperative" | "consumer"
+
+/**
  * Options the runloop passes when it joins.
  *
  * @since 0.1.0

@@ -11,7 +11,7 @@ import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
-import { Driver, type PartitionOffsets } from "./Driver.js"
+import { Driver, type PartitionOffsets, type RebalanceProtocol } from "./Driver.js"
 import { type CrashPoint, Faults } from "./Faults.js"
 import * as broker from "./internal/memory/broker.js"
 import * as operations from "./internal/memory/service.js"
@@ -52,7 +52,15 @@ export type Assignor = "range" | "roundRobin"
  * @category models
  */
 export interface Options {
+  /** How an eager rebalance spreads partitions (the incremental protocols use a sticky spread). */
   readonly assignor?: Assignor
+  /**
+   * How the broker's groups rebalance: `eager` (the default), `cooperative` or `consumer`, as a Kafka cluster does
+   * with the same choice (see `Driver.RebalanceProtocol`).
+   *
+   * @since 0.3.0
+   */
+  readonly rebalance?: RebalanceProtocol
 }
 
 /**
@@ -183,7 +191,7 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
  * Builds the broker's state and its operations. Exposed through `layer`.
  */
 const makeBroker = (options: Options) =>
-  Effect.map(broker.make(options.assignor ?? "range"), (state) => {
+  Effect.map(broker.make(options.assignor ?? "range", options.rebalance ?? "eager"), (state) => {
     const service: Context.Tag.Service<InMemoryKafka> = operations.make(state)
     const driver: Context.Tag.Service<Driver> = { connect: (sessionOptions) => session.connect(state, sessionOptions) }
     return { service, driver } as const

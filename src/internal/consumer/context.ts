@@ -153,6 +153,8 @@ export interface PartitionState {
   readonly progress: Progress | undefined
   /** When chunks are units: the ranges an earlier owner finished out of order, whose records are left out. */
   skip: Progress | undefined
+  /** An incremental revoke of the partition runs beside the poll loop: nothing else may revoke or lose it. */
+  revoking: boolean
 }
 
 /** The partition's worker takes nothing new: it was revoked or lost. */
@@ -193,6 +195,8 @@ export interface SessionContext<E, R, EH, RH> {
   readonly telemetry: ConsumerTelemetry | undefined
   /** The partitions owned, by key. */
   readonly owned: Map<string, PartitionState>
+  /** The session's scope: revokes that run beside the poll loop are forked in it. */
+  readonly scope: Scope.Scope
   /** Workers of revoked partitions that did not stop when interrupted, by partition. */
   readonly abandoned: StuckWorkers.StuckWorkers
   /** Bounds the handler calls in flight over all partitions under `key` and `unordered` ordering. */

@@ -120,7 +120,8 @@ export const assign = <E, R, EH, RH>(
         phase: "fetching",
         worker: undefined,
         progress: inOrder ? undefined : new Progress(position, finishedBefore),
-        skip: inOrder && finishedBefore.length > 0 ? new Progress(position, finishedBefore) : undefined
+        skip: inOrder && finishedBefore.length > 0 ? new Progress(position, finishedBefore) : undefined,
+        revoking: false
       }
       owned.set(key, state)
       if (ctx.hooks.onAssign !== undefined) {
@@ -213,8 +214,23 @@ const ownedStates = <E, R, EH, RH>(
 ) =>
   partitions.flatMap((tp) => {
     const state = ctx.owned.get(TopicPartition.key(tp))
-    return state === undefined ? [] : [state]
+    return state === undefined || state.revoking ? [] : [state]
   })
+
+/** The owned partitions that are not in `partitions` and not being revoked: those that stay. */
+export const staying = <E, R, EH, RH>(
+  ctx: SessionContext<E, R, EH, RH>,
+  partitions: ReadonlyArray<TopicPartition.TopicPartition>
+): ReadonlyArray<PartitionState> => {
+  const moving = new Set(partitions.map(TopicPartition.key))
+  return Array.from(ctx.owned.values()).filter((s) => !s.revoking && !moving.has(s.key))
+}
+
+/** Whether a revoke of some partitions runs beside the poll loop. */
+export const revokingAny = <E, R, EH, RH>(ctx: SessionContext<E, R, EH, RH>): boolean => {
+  for (const s of ctx.owned.values()) if (s.revoking) return true
+  return false
+}
 
 /**
  * Revoke: in-flight work ends (or is interrupted past revokeTimeout), the final positions are committed or stored,
@@ -227,9 +243,36 @@ export const revoke = <E, R, EH, RH>(
   partitions: ReadonlyArray<TopicPartition.TopicPartition>,
   phase: string
 ): Effect.Effect<void, PolicyError | EH, Exclude<RH, Scope.Scope>> =>
+  Effect.suspend(() => revokeStates(ctx, ownedStates(ctx, partitions), phase))
+
+/**
+ * An incremental revoke: the partitions are revoked (as `revoke` does) on a fiber of their own, beside the poll loop,
+ * so that the partitions that stay go on being fetched and handled; `release` runs once it has ended. The session's
+ * scope waits for it before the session leaves, and a failure ends the session.
+ */
+export const revokeBeside = <E, R, EH, RH>(
+  ctx: SessionContext<E, R, EH, RH>,
+  partitions: ReadonlyArray<TopicPartition.TopicPartition>,
+  release: Effect.Effect<void>
+): Effect.Effect<void, never, Exclude<RH, Scope.Scope>> =>
+  Effect.suspend(() => {
+    const states = ownedStates(ctx, partitions)
+    for (const s of states) s.revoking = true
+    return Effect.uninterruptible(revokeStates(ctx, states, "revoke")).pipe(
+      Effect.zipRight(ctx.guard(release)),
+      Effect.catchAllCause(ctx.report),
+      Effect.forkIn(ctx.scope),
+      Effect.asVoid
+    )
+  })
+
+const revokeStates = <E, R, EH, RH>(
+  ctx: SessionContext<E, R, EH, RH>,
+  states: ReadonlyArray<PartitionState>,
+  phase: string
+): Effect.Effect<void, PolicyError | EH, Exclude<RH, Scope.Scope>> =>
   Effect.gen(function*() {
     const { telemetry, crash } = ctx
-    const states = ownedStates(ctx, partitions)
     if (states.length === 0) return
     if (telemetry !== undefined) {
       telemetry.rebalance("revoked", states.map((s) => s.tp))

@@ -120,6 +120,11 @@ const handle = <E, R, EH, RH>(
     case "Assigned":
       return Partitions.assign(ctx, event.partitions)
     case "Revoked":
+      // Some partitions stay (an incremental rebalance): the moved ones are revoked beside the poll loop, so that
+      // those that stay are neither paused nor kept waiting.
+      if (Partitions.staying(ctx, event.partitions).length > 0 || Partitions.revokingAny(ctx)) {
+        return Partitions.revokeBeside(ctx, event.partitions, event.release)
+      }
       return Effect.uninterruptible(Partitions.revoke(ctx, event.partitions, "revoke")).pipe(
         Effect.zipRight(ctx.guard(event.release))
       )
@@ -294,6 +299,7 @@ const makeContext = <E, R, EH, RH>(
       policy,
       telemetry,
       owned: new Map(),
+      scope: sessionScope,
       abandoned: env.abandoned,
       permits: env.permits,
       crash,

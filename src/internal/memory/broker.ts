@@ -1,7 +1,7 @@
 import * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
-import type { DriverEvent } from "../../Driver.js"
+import type { DriverEvent, RebalanceProtocol } from "../../Driver.js"
 import { DriverError } from "../../KafkaError.js"
 import * as TopicPartition from "../../TopicPartition.js"
 import * as groups from "./groups.js"
@@ -35,7 +35,7 @@ export interface Broker {
  *
  * @internal
  */
-export const make = (assignor: groups.Assignor): Effect.Effect<Broker> =>
+export const make = (assignor: groups.Assignor, protocol: RebalanceProtocol): Effect.Effect<Broker> =>
   Effect.gen(function*() {
     const logs = memoryLog.makeLogs()
     const notify = Effect.suspend(() => {
@@ -49,7 +49,7 @@ export const make = (assignor: groups.Assignor): Effect.Effect<Broker> =>
     })
     const broker: Broker = {
       logs,
-      coordinator: groups.makeCoordinator(assignor, (topics) => memoryLog.partitionsOf(logs, topics), notify),
+      coordinator: groups.makeCoordinator(assignor, protocol, (topics) => memoryLog.partitionsOf(logs, topics), notify),
       producers: transactions.makeProducers(),
       read: memoryLog.makeReader(),
       changed: yield* Deferred.make<void>(),
@@ -68,9 +68,12 @@ export const make = (assignor: groups.Assignor): Effect.Effect<Broker> =>
 const fetch = (broker: Broker, member: groups.Member): Array<DriverEvent> => {
   const out: Array<DriverEvent> = []
   const group = broker.coordinator.groupOf(member.groupId)
-  if (member.awaitingRelease || (group.rebalancing && !member.static)) return out
+  // Eager: nothing is fetched while the group rebalances. Incremental: what stays is fetched on; what is being given
+  // up is not.
+  if (member.awaitingRelease || (group.rebalancing && group.protocol === "eager" && !member.static)) return out
   for (const tp of member.assigned) {
     const k = TopicPartition.key(tp)
+    if (member.revoking.has(k)) continue
     // A newly assigned partition is fetched only once the runloop has sought it to its start position.
     const position = member.positions.get(k)
     if (position === undefined || member.paused.has(k) || member.outOfRange.has(k)) continue

@@ -1,9 +1,10 @@
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import type { DriverEvent, SessionOptions } from "../../Driver.js"
+import type { DriverEvent, RebalanceProtocol, SessionOptions } from "../../Driver.js"
 import { CommitFailed, type CommitFailureReason } from "../../KafkaError.js"
 import type * as OffsetBatch from "../../OffsetBatch.js"
 import * as TopicPartition from "../../TopicPartition.js"
+import * as incremental from "./incremental.js"
 
 /** @internal */
 export type Assignor = "range" | "roundRobin"
@@ -29,7 +30,10 @@ export interface Member {
   outOfRange: Set<string>
   paused: Set<string>
   pendingEvents: Array<DriverEvent>
+  /** Eager: the member was told to give up everything it owns and has not released it yet. */
   awaitingRelease: boolean
+  /** Incremental: the partitions the member was told to give up and still owns, until it releases them. */
+  revoking: Set<string>
   rebalanceDeadline: number
   lastHeartbeat: number
   inGroup: boolean
@@ -41,9 +45,12 @@ export interface Member {
 /** @internal */
 export interface Group {
   readonly id: string
+  readonly protocol: RebalanceProtocol
   members: Array<Member>
   generation: number
   rebalancing: boolean
+  /** Incremental: where each partition is to go (member id per partition key), since the last membership change. */
+  target: Map<string, string>
   readonly committed: Map<string, bigint>
   /** The metadata committed with a position, when it had any. */
   readonly metadata: Map<string, string>
@@ -51,16 +58,25 @@ export interface Group {
   readonly refusals: Array<CommitFailureReason>
 }
 
-const sortPartitions = (tps: Array<TopicPartition.TopicPartition>) => tps.sort(TopicPartition.compare)
+const sortPartitions = incremental.sortPartitions
 
 /**
- * The group coordinator: membership, eager rebalances (every member releases, then the group assigns anew), session
- * and rebalance deadlines, committed offsets. `notify` tells waiting polls that a release changed the groups.
+ * The group coordinator: membership, rebalances, session and rebalance deadlines, committed offsets. `notify` tells
+ * waiting polls that a release changed the groups.
+ *
+ * Rebalances follow `protocol`:
+ * - `eager`: every member releases everything, then the group assigns anew (`assignor`).
+ * - `cooperative` (KIP-429): the group computes a sticky target; members give up only the partitions that move and
+ *   keep fetching the others; once every revoked partition is released, a second round hands them to their new
+ *   owners.
+ * - `consumer` (KIP-848): the same sticky target, but partition by partition: a partition goes to its new owner as
+ *   soon as its old owner released it, with no round for the whole group.
  *
  * @internal
  */
 export const makeCoordinator = (
   assignor: Assignor,
+  protocol: RebalanceProtocol,
   partitionsOf: (topics: ReadonlyArray<string>) => Array<TopicPartition.TopicPartition>,
   notify: Effect.Effect<void>
 ) => {
@@ -73,9 +89,11 @@ export const makeCoordinator = (
     if (group === undefined) {
       group = {
         id,
+        protocol,
         members: [],
         generation: 0,
         rebalancing: false,
+        target: new Map(),
         committed: new Map(),
         metadata: new Map(),
         refusals: []
@@ -84,9 +102,6 @@ export const makeCoordinator = (
     }
     return group
   }
-
-  const subscribes = (member: Member, topic: string) =>
-    member.options.subscription._tag === "Topics" && member.options.subscription.topics.includes(topic)
 
   const assign = (group: Group): void => {
     const active = group.members.filter((m) => !m.static)
@@ -97,7 +112,7 @@ export const makeCoordinator = (
     ).sort()
     if (assignor === "range") {
       for (const topic of allTopics) {
-        const subscribers = ids.filter((id) => subscribes(members.get(id)!, topic))
+        const subscribers = ids.filter((id) => incremental.subscribes(members.get(id)!, topic))
         const tps = partitionsOf([topic])
         const per = Math.floor(tps.length / Math.max(1, subscribers.length))
         const extra = tps.length % Math.max(1, subscribers.length)
@@ -113,7 +128,7 @@ export const makeCoordinator = (
       for (const tp of partitionsOf(allTopics)) {
         for (let tries = 0; tries < ids.length; tries++) {
           const id = ids[(i + tries) % ids.length]!
-          if (subscribes(members.get(id)!, tp.topic)) {
+          if (incremental.subscribes(members.get(id)!, tp.topic)) {
             byId.get(id)!.push(tp)
             i = (i + tries + 1) % ids.length
             break
@@ -152,6 +167,7 @@ export const makeCoordinator = (
     release(member, generation) ? notify : Effect.void
 
   const startRebalance = (group: Group, now: number) => {
+    if (protocol !== "eager") return incremental.start(group, now, { partitionsOf, notify })
     group.rebalancing = true
     for (const m of group.members) {
       if (m.static) continue
@@ -170,7 +186,7 @@ export const makeCoordinator = (
     maybeCompleteRebalance(group)
   }
 
-  return { groups, members, groupOf, assign, release, startRebalance, nextMemberId: () => ++memberSeq }
+  return { groups, members, groupOf, assign, release, startRebalance, protocol, nextMemberId: () => ++memberSeq }
 }
 
 /** @internal */
@@ -194,6 +210,7 @@ export const newMember = (coordinator: Coordinator, options: SessionOptions, now
   paused: new Set(),
   pendingEvents: [],
   awaitingRelease: false,
+  revoking: new Set(),
   rebalanceDeadline: 0,
   lastHeartbeat: now,
   inGroup: false,
@@ -211,6 +228,7 @@ export const evict = (coordinator: Coordinator, member: Member, now: number): vo
   if (!member.inGroup) return
   member.inGroup = false
   member.awaitingRelease = false
+  member.revoking = new Set()
   const group = coordinator.groupOf(member.groupId)
   group.members = group.members.filter((m) => m !== member)
   if (!member.static) coordinator.startRebalance(group, now)
@@ -225,8 +243,11 @@ export const evict = (coordinator: Coordinator, member: Member, now: number): vo
 export const expire = (coordinator: Coordinator, group: Group, now: number): boolean => {
   let any = false
   for (const m of [...group.members]) {
-    const sessionExpired = now - m.lastHeartbeat > m.sessionMillis
-    const releaseExpired = m.awaitingRelease && now > m.rebalanceDeadline
+    // A member in the middle of a revoke polls no more until it has released, but its driver goes on heartbeating
+    // (unless it is frozen): the rebalance deadline bounds it instead.
+    const revoking = m.awaitingRelease || m.revoking.size > 0
+    const sessionExpired = now - m.lastHeartbeat > m.sessionMillis && (m.frozen || !revoking)
+    const releaseExpired = (m.awaitingRelease || m.revoking.size > 0) && now > m.rebalanceDeadline
     if (sessionExpired || releaseExpired) {
       evict(coordinator, m, now)
       any = true
@@ -274,7 +295,8 @@ export const refuseCommit = (
     return new CommitFailed({ reason: injected, partitions: all, detail: "refused by InMemoryKafka.refuseCommits" })
   }
   if (!member.inGroup) return new CommitFailed({ reason: "UnknownMember", partitions: all, detail: member.id })
-  if (!member.static && member.generation !== group.generation) {
+  // Incremental protocols keep a member's partitions across generations: what it owns, it may commit.
+  if (!member.static && group.protocol === "eager" && member.generation !== group.generation) {
     return new CommitFailed({
       reason: "IllegalGeneration",
       partitions: all,
