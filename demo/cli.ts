@@ -240,6 +240,14 @@ const driver = Options.choice("driver", ["kafkajs", "platformatic"] as const).pi
   )
 )
 
+const rebalance = Options.choice("rebalance", ["eager", "cooperative", "consumer"] as const).pipe(
+  Options.withDefault("eager" as const),
+  Options.withDescription(
+    "How the group moves partitions when members join and leave: eager (everything is revoked), cooperative " +
+      "(KIP-429) or consumer (KIP-848), both moving only what moves. On the in-memory broker. Default eager."
+  )
+)
+
 const options = {
   records,
   partitions,
@@ -257,7 +265,8 @@ const options = {
   store,
   databaseUrl,
   brokers,
-  driver
+  driver,
+  rebalance
 }
 
 type Args = Command.Command.ParseConfig<typeof options>
@@ -321,6 +330,11 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
       })
     }
     const real = Option.isSome(args.brokers)
+    if (real && args.rebalance !== "eager") {
+      return yield* new UsageError({
+        message: `--rebalance ${args.rebalance} runs on the in-memory broker only: the drivers rebalance eagerly`
+      })
+    }
     if (real && args.poisonRate > 0) {
       return yield* new UsageError({ message: "--poison-rate runs on the in-memory broker only" })
     }
@@ -337,7 +351,11 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
           }, ${args.poisonRate > 0 ? `poison rate ${args.poisonRate}, ` : ""}seed ${args.seed}`
       )
       yield* Console.log(
-        `${real ? `Kafka at ${Option.getOrElse(args.brokers, () => "")}` : "in-memory broker"}; ` +
+        `${
+          real
+            ? `Kafka at ${Option.getOrElse(args.brokers, () => "")}`
+            : `in-memory broker, ${args.rebalance} rebalances`
+        }; ` +
           `transactional stores positions in ${storeName}\n`
       )
     }
@@ -368,6 +386,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
             crashRate: args.crashRate,
             seed: args.seed,
             rebalances: true,
+            rebalance: args.rebalance,
             maxPollRecords: 50,
             commitEvery: 100,
             ...(args.handlerMillis > 0 ? { handlerMillis: args.handlerMillis } : {}),

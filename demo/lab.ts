@@ -19,7 +19,7 @@ import * as Codec from "../src/Codec.js"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import * as Consumer from "../src/Consumer.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
-import { Driver } from "../src/Driver.js"
+import { Driver, type RebalanceProtocol } from "../src/Driver.js"
 import * as FailureRoute from "../src/FailureRoute.js"
 import { Crashed, type CrashPoint, crashPoints } from "../src/Faults.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
@@ -45,6 +45,8 @@ export interface Workload {
   readonly seed: number
   /** Extra members join and leave while records flow. */
   readonly rebalances?: boolean
+  /** How the in-memory broker's group moves partitions when members join and leave. Default `eager`. */
+  readonly rebalance?: RebalanceProtocol
   readonly maxPollRecords?: number
   readonly commitEvery?: number
   /** Time the handler spends on each chunk, as I/O would. */

@@ -39,20 +39,21 @@ export const runInMemory = (
   workload: Workload,
   store: Store
 ): Effect.Effect<Outcome, unknown, FileSystem.FileSystem> => {
+  const broker = InMemoryKafka.layer({ rebalance: workload.rebalance ?? "eager" })
   if (workload.policy === "kafkaTransactional") {
-    return runWorkload(workload, kafkaTransactionalPlan).pipe(Effect.provide(InMemoryKafka.layer()))
+    return runWorkload(workload, kafkaTransactionalPlan).pipe(Effect.provide(broker))
   }
   if (workload.policy !== "transactional") {
-    return runWorkload(workload).pipe(Effect.provide(InMemoryKafka.layer()))
+    return runWorkload(workload).pipe(Effect.provide(broker))
   }
   switch (store._tag) {
     case "Memory":
       return runWorkload(workload, transactionalPlan(appendSink)).pipe(
-        Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerMemory))
+        Effect.provide(Layer.merge(broker, OffsetStore.layerMemory))
       )
     case "File":
       return runWorkload(workload, transactionalPlan(appendSink)).pipe(
-        Effect.provide(Layer.merge(InMemoryKafka.layer(), OffsetStore.layerFileSystem(store.directory)))
+        Effect.provide(Layer.merge(broker, OffsetStore.layerFileSystem(store.directory)))
       )
     case "Postgres":
       return Effect.flatMap(
