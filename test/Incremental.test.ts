@@ -4,26 +4,19 @@
  * revoked, and a moved partition reaches its new owner only after its old owner's revoke ended. `eager` is the
  * contrast: everything is revoked, and nothing is handled until every member released.
  */
+import * as FileSystem from "@effect/platform/FileSystem"
 import { assert, describe, it } from "@effect/vitest"
 import type * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
-import * as Layer from "effect/Layer"
-import {
-  appendSink,
-  kafkaTransactionalPlan,
-  type Outcome,
-  runWorkload,
-  transactionalPlan,
-  type Workload
-} from "../demo/lab.js"
+import type { Outcome, Workload } from "../demo/lab.js"
+import { runInMemory } from "../demo/stores.js"
 import * as CommitPolicy from "../src/CommitPolicy.js"
 import type { ConsumerRecord } from "../src/ConsumerRecord.js"
 import * as Consumer from "../src/Consumer.js"
 import type { RebalanceProtocol } from "../src/Driver.js"
 import * as InMemoryKafka from "../src/InMemoryKafka.js"
-import * as OffsetStore from "../src/OffsetStore.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 import { advanceUntil } from "./support/kit.js"
 
@@ -203,19 +196,9 @@ const workload = {
   commitEvery: 50
 } as const
 
-const runUnder = (protocol: RebalanceProtocol, w: Workload) => {
-  const broker = InMemoryKafka.layer({ rebalance: protocol })
-  switch (w.policy) {
-    case "transactional":
-      return runWorkload(w, transactionalPlan(appendSink)).pipe(
-        Effect.provide(Layer.merge(broker, OffsetStore.layerMemory))
-      )
-    case "kafkaTransactional":
-      return runWorkload(w, kafkaTransactionalPlan).pipe(Effect.provide(broker))
-    default:
-      return runWorkload(w).pipe(Effect.provide(broker))
-  }
-}
+/** A policy's workload on a broker of its own, as the lab runs it (the memory store for `transactional`). */
+const runUnder = (protocol: RebalanceProtocol, w: Workload) =>
+  runInMemory({ ...w, rebalance: protocol }, { _tag: "Memory" }).pipe(Effect.provide(FileSystem.layerNoop({})))
 
 describe("every policy keeps its guarantee under incremental rebalances, with crashes", () => {
   for (const protocol of ["cooperative", "consumer"] as const) {
