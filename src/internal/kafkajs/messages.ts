@@ -42,24 +42,6 @@ const toMessage = (record: ProducerRecord, partition: number): Message => {
 /** kafkajs's partitioner is never asked: every message names its partition. @internal */
 export const explicitPartition = () => ({ message }: { readonly message: Message }) => message.partition ?? 0
 
-/** Each topic of a batch, with the highest partition a record of it names (-1 for none). @internal */
-export const highestPartitions = (batch: ReadonlyArray<ProducerRecord>): Map<string, number> => {
-  const highest = new Map<string, number>()
-  let last: string | undefined
-  let lastHighest = -1
-  for (let i = 0; i < batch.length; i++) {
-    const record = batch[i]!
-    if (record.topic !== last) {
-      if (last !== undefined) highest.set(last, lastHighest)
-      last = record.topic
-      lastHighest = highest.get(last) ?? -1
-    }
-    if (record.partition !== undefined && record.partition > lastHighest) lastHighest = record.partition
-  }
-  if (last !== undefined) highest.set(last, lastHighest)
-  return highest
-}
-
 /**
  * Per topic its messages in the order sent (so, per partition, its records in that order). A batch of one topic whose
  * records kafkajs can all take as they are is its own messages (kafkajs only reads them).

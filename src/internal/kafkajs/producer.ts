@@ -14,10 +14,7 @@ import * as producer from "../producer/producer.js"
 import { reasonOfType } from "../producer/reasons.js"
 import { type ClientConfig, disconnect, makeClient } from "./driver.js"
 import { causeChain, describe, driverError, isRetriable, protocolType } from "./errors.js"
-import { explicitPartition, highestPartitions, messagesOf } from "./messages.js"
-
-/** How long a topic's partition count is trusted before it is read again (the Java client's `metadata.max.age.ms`). */
-const METADATA_MAX_AGE = 5 * 60 * 1000
+import { explicitPartition, messagesOf } from "./messages.js"
 
 export { reasonOfType } from "../producer/reasons.js"
 
@@ -316,30 +313,18 @@ export const makeWriter = (
     })
   }
 
+  const readCount = (topic: string, now: number) =>
+    Effect.map(readMetadata(topic, now), (read) => read instanceof ProduceFailed ? read : read.count)
   const write = (batch: ReadonlyArray<ProducerRecord>): Effect.Effect<Array<producer.Written>> =>
-    Effect.suspend(() => {
-      const now = clock.unsafeCurrentTimeMillis()
-      const known = new Map<string, number | ProduceFailed>()
-      let stale: Array<string> | undefined
-      for (const [topic, partition] of highestPartitions(batch)) {
-        const cached = cache.get(topic)
-        if (cached === undefined || now - cached.at > METADATA_MAX_AGE || partition >= cached.count) {
-          ;(stale ??= []).push(topic)
-        } else {
-          known.set(topic, cached.count)
-        }
-      }
-      if (stale === undefined) return sendLaidOut(batch, known, cache)
-      return Effect.forEach(
-        stale,
-        (topic) =>
-          Effect.map(readMetadata(topic, now), (read) =>
-            known.set(topic, read instanceof ProduceFailed ? read : read.count)),
-        { discard: true }
-      ).pipe(Effect.zipRight(Effect.suspend(() =>
-        sendLaidOut(batch, known, cache)
-      )))
-    })
+    Effect.suspend(() =>
+      producer.withPartitionCounts(
+        batch,
+        clock.unsafeCurrentTimeMillis(),
+        cache,
+        readCount,
+        (known) => sendLaidOut(batch, known, cache)
+      )
+    )
   return write
 }
 

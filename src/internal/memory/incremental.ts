@@ -24,7 +24,7 @@ export const subscribes = (member: Member, topic: string) =>
   member.options.subscription._tag === "Topics" && member.options.subscription.topics.includes(topic)
 
 /**
- * Incremental: the sticky target of the group's members. Each keeps what it owns (and is not giving up) up to its
+ * The sticky target of the group's members. Each keeps what it owns (and is not giving up) up to its
  * share; what is left over, or owned by nobody, goes to the members below their share, fewest first. The shares
  * differ by at most one, and the members that own the most get the larger ones, so that the fewest partitions
  * move.
@@ -83,7 +83,7 @@ const ownerOf = (group: Group, key: string): Member | undefined =>
   group.members.find((m) => !m.static && m.assigned.some((tp) => TopicPartition.key(tp) === key))
 
 /**
- * Incremental: hands the partitions nobody owns to their target members. `consumer` does it at once; `cooperative`
+ * Hands the partitions nobody owns to their target members. `consumer` does it at once; `cooperative`
  * once no member of the group has a partition left to release (its second round), with a new generation.
  */
 const grant = (group: Group): void => {
@@ -116,7 +116,7 @@ const grant = (group: Group): void => {
   }
 }
 
-/** Incremental: a member gives up revoked partitions; they go on to their target owners. */
+/** A member gives up revoked partitions; they go on to their target owners. */
 const releasePartitions = (group: Group, member: Member, keys: ReadonlyArray<string>): boolean => {
   if (member.dead || !member.inGroup) return false
   const gone = new Set(keys.filter((k) => member.revoking.has(k)))

@@ -17,9 +17,6 @@ import { reasonOfType } from "../producer/reasons.js"
 import type { ClientOptions } from "./config.js"
 import { apiIds, describe, driverError, flatten, isRetriable, isUnknownTopic } from "./errors.js"
 
-/** How long a topic's partition count is trusted before it is read again (the Java client's `metadata.max.age.ms`). */
-const METADATA_MAX_AGE = 5 * 60 * 1000
-
 /** A refused write, classified by the protocol error inside it, then by the client's own. @internal */
 export const produceFailed = (cause: unknown, topic: string, partition: number | undefined): ProduceFailed => {
   const ids = apiIds(cause)
@@ -147,9 +144,8 @@ const settle = (
 export type Send = (messages: Array<Message>) => Promise<{ readonly offsets?: ReadonlyArray<Offset> | undefined }>
 
 /**
- * Writes batches with `send`: the client's metadata gives each topic's partition count (cached for five minutes, and
- * read again before a record is refused for naming a partition the topic does not have), so that partitions are
- * chosen here and records for unknown topics or partitions are refused before they are batched with others.
+ * Writes batches with `send`: the client's metadata gives each topic's partition count (`withPartitionCounts` says
+ * when it is read again), so that partitions are chosen here.
  *
  * @internal
  */
@@ -198,35 +194,15 @@ export const makeWriter = (
     })
   }
   return (batch: ReadonlyArray<ProducerRecord>): Effect.Effect<Array<producer.Written>> =>
-    Effect.suspend(() => {
-      const now = clock.unsafeCurrentTimeMillis()
-      const known = new Map<string, number | ProduceFailed>()
-      const stale: Array<string> = []
-      // Per topic, the highest partition a record names (-1 for none); batches mostly hold runs of one topic.
-      const highest = new Map<string, number>()
-      let topic: string | undefined
-      let high = -1
-      for (let i = 0; i < batch.length; i++) {
-        const record = batch[i]!
-        if (record.topic !== topic) {
-          if (topic !== undefined) highest.set(topic, high)
-          topic = record.topic
-          high = highest.get(topic) ?? -1
-        }
-        const partition = record.partition
-        if (partition !== undefined && partition > high) high = partition
-      }
-      if (topic !== undefined) highest.set(topic, high)
-      for (const [topic, partition] of highest) {
-        const cached = counts.get(topic)
-        if (cached === undefined || now - cached.at > METADATA_MAX_AGE || partition >= cached.count) stale.push(topic)
-        else known.set(topic, cached.count)
-      }
-      if (stale.length === 0) return sendLaidOut(batch, known)
-      return Effect.forEach(stale, (topic) => Effect.map(readCount(topic, now), (read) => known.set(topic, read)), {
-        discard: true
-      }).pipe(Effect.zipRight(Effect.suspend(() => sendLaidOut(batch, known))))
-    })
+    Effect.suspend(() =>
+      producer.withPartitionCounts(
+        batch,
+        clock.unsafeCurrentTimeMillis(),
+        counts,
+        readCount,
+        (known) => sendLaidOut(batch, known)
+      )
+    )
 }
 
 /** A client, closed when the scope closes. @internal */

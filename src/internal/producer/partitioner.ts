@@ -1,6 +1,7 @@
 /**
  * Where each record of a batch goes: its own partition, its key's, or its topic's sticky partition for the batch.
  */
+import * as Effect from "effect/Effect"
 import { ProduceFailed } from "../../KafkaError.js"
 import type { ProducerRecord } from "../../Producer.js"
 import { partitionOfKey } from "../shared/murmur2.js"
@@ -113,4 +114,56 @@ export const groupBy = <K, A>(items: Iterable<A>, key: (a: A) => K): Map<K, Arra
     else group.push(item)
   }
   return groups
+}
+
+/** How long a topic's partition count is trusted before it is read again (the Java client's `metadata.max.age.ms`). */
+const METADATA_MAX_AGE = 5 * 60 * 1000
+
+/** Each topic of a batch, with the highest partition a record of it names (-1 for none). @internal */
+export const highestPartitions = (batch: ReadonlyArray<ProducerRecord>): Map<string, number> => {
+  const highest = new Map<string, number>()
+  let last: string | undefined
+  let lastHighest = -1
+  for (let i = 0; i < batch.length; i++) {
+    const record = batch[i]!
+    if (record.topic !== last) {
+      if (last !== undefined) highest.set(last, lastHighest)
+      last = record.topic
+      lastHighest = highest.get(last) ?? -1
+    }
+    if (record.partition !== undefined && record.partition > lastHighest) lastHighest = record.partition
+  }
+  if (last !== undefined) highest.set(last, lastHighest)
+  return highest
+}
+
+/**
+ * Runs `send` with the partition count of each topic of the batch, or why the topic cannot be written. A count comes
+ * from `cache` unless it is missing, older than five minutes (the Java client's `metadata.max.age.ms`), or below a
+ * partition a record names (the topic may have grown): then `read` reads it again (and caches it), before the batch
+ * is laid out, so that records for unknown topics or partitions are refused before they are batched with others.
+ *
+ * @internal
+ */
+export const withPartitionCounts = <A>(
+  batch: ReadonlyArray<ProducerRecord>,
+  now: number,
+  cache: ReadonlyMap<string, { readonly count: number; readonly at: number }>,
+  read: (topic: string, now: number) => Effect.Effect<number | ProduceFailed>,
+  send: (known: ReadonlyMap<string, number | ProduceFailed>) => Effect.Effect<A>
+): Effect.Effect<A> => {
+  const known = new Map<string, number | ProduceFailed>()
+  let stale: Array<string> | undefined
+  for (const [topic, partition] of highestPartitions(batch)) {
+    const cached = cache.get(topic)
+    if (cached === undefined || now - cached.at > METADATA_MAX_AGE || partition >= cached.count) {
+      ;(stale ??= []).push(topic)
+    } else {
+      known.set(topic, cached.count)
+    }
+  }
+  if (stale === undefined) return send(known)
+  return Effect.forEach(stale, (topic) => Effect.map(read(topic, now), (count) => known.set(topic, count)), {
+    discard: true
+  }).pipe(Effect.zipRight(Effect.suspend(() => send(known))))
 }

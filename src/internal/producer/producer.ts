@@ -4,7 +4,14 @@
  */
 export { make } from "./batcher.js"
 export { type OnFailure, type Transport } from "./buffer.js"
-export { groupBy, type Layout, makePartitioner, type TopicRecords } from "./partitioner.js"
+export {
+  groupBy,
+  highestPartitions,
+  type Layout,
+  makePartitioner,
+  type TopicRecords,
+  withPartitionCounts
+} from "./partitioner.js"
 export { refuse, sizeOf, unknownTopic } from "./record.js"
 export { checkTransactionalId, resolve, type Resolved, resolveTransactional } from "./settings.js"
 export { inTransaction, makeTransactional, transactionFailed, type TxnClient, type TxnSession } from "./transaction.js"
