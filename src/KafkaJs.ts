@@ -124,6 +124,14 @@ export interface Config extends ConnectionConfig {
    * takes precedence). Default `false` (read committed).
    */
   readonly readUncommitted?: boolean | undefined
+  /**
+   * How the group moves partitions (see `Driver.RebalanceProtocol`). kafkajs rebalances eagerly only: every rebalance
+   * revokes every partition. `"cooperative"` and `"consumer"` need `Platformatic.layer` (or `InMemoryKafka`); given
+   * here, they are refused with `InvalidConfig`.
+   *
+   * @since 0.3.0
+   */
+  readonly rebalance?: "eager" | undefined
 }
 
 /**
@@ -243,6 +251,10 @@ export const layer = (config: Config): Layer.Layer<Driver, InvalidConfig> =>
         maxBytesPerPartition: yield* internal.positiveInteger("maxBytesPerPartition", config.maxBytesPerPartition),
         readUncommitted: config.readUncommitted ?? false
       }
+      yield* internal.rebalanceProtocol(config.rebalance, ["eager"], {
+        cooperative: "kafkajs rebalances eagerly only; \"cooperative\" needs Platformatic.layer",
+        consumer: "kafkajs rebalances eagerly only; \"consumer\" (KIP-848) needs InMemoryKafka"
+      })
       return Driver.of({ connect: (options) => session.connect(settings, options) })
     })
   )

@@ -3,13 +3,14 @@
  * (Node 22.22 and later, Bun, Deno). Install it next to this library (`npm install @platformatic/kafka`); nothing
  * else imports it.
  *
- * The client keeps the group membership (classic protocol, eager rebalances); the driver keeps the library's
- * promises through its public API:
+ * The client keeps the group membership (the classic protocol; eager rebalances by default, cooperative-sticky with
+ * `rebalance: "cooperative"`); the driver keeps the library's promises through its public API:
  *
  * - A rebalance's revoked partitions go to another member only after the runloop released them: the client asks
  *   for the member's user data (`protocolsMetadata`) before each JoinGroup and waits for the answer, which comes after
  *   `release`. Until then the driver sends the member's heartbeats itself, so the member stays in the group, up to
- *   the rebalance timeout.
+ *   the rebalance timeout. Under `cooperative` only the partitions that move are revoked, before the rebalance's
+ *   second JoinGroup; the others are fetched and committed throughout.
  * - Commits carry their metadata (the finished ranges of the key and unordered modes), and committed positions are
  *   read stable (`requireStable`), through the client's exported OffsetCommit and OffsetFetch APIs on the group's
  *   coordinator, with the consumer's own generation and member id.
@@ -31,7 +32,12 @@ import * as session from "./internal/platformatic/session.js"
 import * as platformaticTransactional from "./internal/platformatic/transactional.js"
 import * as producerInternal from "./internal/producer/producer.js"
 import { singleTransactional } from "./internal/producer/single.js"
-import { parseBrokers as parseBrokerList, positiveInteger, positiveMillis } from "./internal/shared/config.js"
+import {
+  parseBrokers as parseBrokerList,
+  positiveInteger,
+  positiveMillis,
+  rebalanceProtocol
+} from "./internal/shared/config.js"
 import {
   Producer,
   type ProducerRecord,
@@ -113,6 +119,20 @@ export interface Config extends ConnectionConfig {
    * takes precedence). Default `false` (read committed).
    */
   readonly readUncommitted?: boolean | undefined
+  /**
+   * How the group moves partitions when its members change (see `Driver.RebalanceProtocol`). Default `"eager"`.
+   *
+   * - `"eager"`: the classic protocol with the round-robin assignor; every rebalance revokes every partition.
+   * - `"cooperative"`: the classic protocol with the cooperative-sticky assignor (KIP-429). Only the partitions that
+   *   move are revoked; the others keep their workers and their fetching through the rebalance. Every member of a
+   *   group must use the same choice.
+   * - `"consumer"` (KIP-848) is refused with `InvalidConfig`: the client acknowledges a revocation to the broker
+   *   before the application has released the partition, so a new owner could start before the old owner's final
+   *   commit.
+   *
+   * @since 0.3.0
+   */
+  readonly rebalance?: "eager" | "cooperative" | undefined
 }
 
 /**
@@ -135,7 +155,11 @@ export const layer = (config: Config): Layer.Layer<Driver, InvalidConfig> =>
         maxBytes: (yield* positiveInteger("maxBytes", config.maxBytes)) ?? 50 * 1024 * 1024,
         maxBytesPerPartition: (yield* positiveInteger("maxBytesPerPartition", config.maxBytesPerPartition)) ??
           1024 * 1024,
-        readUncommitted: config.readUncommitted ?? false
+        readUncommitted: config.readUncommitted ?? false,
+        rebalance: yield* rebalanceProtocol(config.rebalance, ["eager", "cooperative"], {
+          consumer: "\"consumer\" (KIP-848) is not supported on @platformatic/kafka: the client acknowledges a " +
+            "revocation before the application released the partition; use \"cooperative\""
+        })
       }
       return Driver.of({ connect: (options) => session.connect(settings, options) })
     })

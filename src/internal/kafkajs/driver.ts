@@ -24,7 +24,7 @@ export { toConsumerRecord } from "./records.js"
 
 import { parseBrokers, positiveMillis } from "../shared/config.js"
 
-export { parseBrokers, positiveInteger, positiveMillis } from "../shared/config.js"
+export { parseBrokers, positiveInteger, positiveMillis, rebalanceProtocol } from "../shared/config.js"
 
 const toKafkaLogLevel = (level: LogLevel): KafkaLogLevel => {
   switch (level) {

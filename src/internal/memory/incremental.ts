@@ -7,6 +7,7 @@
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as TopicPartition from "../../TopicPartition.js"
+import { stickyTarget } from "../shared/sticky.js"
 import type { Group, Member } from "./groups.js"
 
 /** What the coordinator gives the incremental rebalances. @internal */
@@ -23,59 +24,19 @@ export const sortPartitions = (tps: Array<TopicPartition.TopicPartition>) => tps
 export const subscribes = (member: Member, topic: string) =>
   member.options.subscription._tag === "Topics" && member.options.subscription.topics.includes(topic)
 
-/**
- * The sticky target of the group's members. Each keeps what it owns (and is not giving up) up to its
- * share; what is left over, or owned by nobody, goes to the members below their share, fewest first. The shares
- * differ by at most one, and the members that own the most get the larger ones, so that the fewest partitions
- * move.
- */
-const stickyTarget = (group: Group, partitionsOf: Env["partitionsOf"]): Map<string, string> => {
-  const active = group.members.filter((m) => !m.static).sort((a, b) => a.id < b.id ? -1 : a.id > b.id ? 1 : 0)
-  const target = new Map<string, string>()
-  if (active.length === 0) return target
-  const allTopics = Array.from(
-    new Set(active.flatMap((m) => m.options.subscription._tag === "Topics" ? m.options.subscription.topics : []))
-  ).sort()
-  const all = partitionsOf(allTopics)
-  const keeps = new Map<string, Array<TopicPartition.TopicPartition>>()
-  for (const m of active) {
-    keeps.set(
-      m.id,
-      m.assigned.filter((tp) => !m.revoking.has(TopicPartition.key(tp)) && subscribes(m, tp.topic))
-    )
-  }
-  const byOwned = [...active].sort((a, b) => keeps.get(b.id)!.length - keeps.get(a.id)!.length)
-  const base = Math.floor(all.length / active.length)
-  const extra = all.length % active.length
-  const share = new Map(byOwned.map((m, i) => [m.id, base + (i < extra ? 1 : 0)]))
-  const count = new Map(active.map((m) => [m.id, 0]))
-  const exists = new Set(all.map(TopicPartition.key))
-  for (const m of active) {
-    for (const tp of keeps.get(m.id)!.sort(TopicPartition.compare)) {
-      const k = TopicPartition.key(tp)
-      if (!exists.has(k) || target.has(k) || count.get(m.id)! >= share.get(m.id)!) continue
-      target.set(k, m.id)
-      count.set(m.id, count.get(m.id)! + 1)
-    }
-  }
-  for (const tp of all) {
-    const k = TopicPartition.key(tp)
-    if (target.has(k)) continue
-    let to: Member | undefined
-    for (const m of active) {
-      if (!subscribes(m, tp.topic)) continue
-      if (to === undefined) to = m
-      else {
-        const below = count.get(m.id)! < share.get(m.id)!
-        const toBelow = count.get(to.id)! < share.get(to.id)!
-        if ((below && !toBelow) || (below === toBelow && count.get(m.id)! < count.get(to.id)!)) to = m
-      }
-    }
-    if (to === undefined) continue
-    target.set(k, to.id)
-    count.set(to.id, count.get(to.id)! + 1)
-  }
-  return target
+/** The sticky target of the group's members (`stickyTarget`), from what each owns and is not giving up. */
+const groupTarget = (group: Group, partitionsOf: Env["partitionsOf"]): Map<string, string> => {
+  const active = group.members.filter((m) => !m.static)
+  const topicsOf = (m: Member) => m.options.subscription._tag === "Topics" ? m.options.subscription.topics : []
+  const allTopics = Array.from(new Set(active.flatMap(topicsOf))).sort()
+  return stickyTarget(
+    active.map((m) => ({
+      id: m.id,
+      topics: topicsOf(m),
+      keeps: m.assigned.filter((tp) => !m.revoking.has(TopicPartition.key(tp)) && subscribes(m, tp.topic))
+    })),
+    partitionsOf(allTopics)
+  )
 }
 
 /** Whose a partition is now: a member that owns it, giving it up or not. */
@@ -139,7 +100,7 @@ const releasePartitions = (group: Group, member: Member, keys: ReadonlyArray<str
  * @internal
  */
 export const start = (group: Group, now: number, env: Env): void => {
-  group.target = stickyTarget(group, env.partitionsOf)
+  group.target = groupTarget(group, env.partitionsOf)
   group.rebalancing = true
   for (const m of group.members) {
     if (m.static) continue

@@ -95,7 +95,18 @@ export const commit = (g: Group, offsets: OffsetBatch.OffsetBatch): Effect.Effec
       },
       catch: (cause) => {
         forgetMovedCoordinator(g, cause)
-        return commitFailed(cause, partitions)
+        const failed = commitFailed(cause, partitions)
+        // Sent with the generation the member had, which a rebalance the member took part in has replaced since
+        // (a cooperative rebalance's partitions that stay commit throughout it): the member is still in the group
+        // and its partitions still its own, so the commit is tried again with the new generation.
+        return failed.reason === "IllegalGeneration" && !g.isStatic && g.consumer.memberId === memberId &&
+            g.consumer.generationId !== generation
+          ? new CommitFailed({
+            reason: "RebalanceInProgress",
+            partitions: failed.partitions,
+            detail: `sent with generation ${generation}, now ${g.consumer.generationId}: ${failed.detail ?? ""}`
+          })
+          : failed
       }
     })
   })

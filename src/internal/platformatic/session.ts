@@ -9,6 +9,10 @@
  *   partitions before their final commit. While it waits it keeps the member's session with heartbeats of its own
  *   (Heartbeat v4 on the coordinator, which answers REBALANCE_IN_PROGRESS and keeps the member). A member whose
  *   `memberId` the client dropped (UNKNOWN_MEMBER_ID: its session expired) has lost them: `Lost`.
+ * - Under `cooperative` (the cooperative-sticky assignor) a rebalance's first JoinGroup keeps every partition; the
+ *   SyncGroup's answer takes away those that move, and the client joins a second time to hand them over. The hook is
+ *   asked before that second join: the session hands `Revoked` for the partitions taken away only, and holds the join
+ *   as above. The partitions that stay go on being fetched and committed throughout.
  * - Records are fetched by `fetcher.ts`.
  */
 import { Buffer } from "node:buffer"
@@ -26,6 +30,7 @@ import * as TopicPartition from "../../TopicPartition.js"
 import { planSession, type SessionPlan } from "../shared/sessionPlan.js"
 import * as commits from "./commits.js"
 import type { ClientOptions } from "./config.js"
+import { cooperativeStickyAssigner } from "./assignor.js"
 import { apiIds, describe, driverError, isRetriable, isUnknownTopic } from "./errors.js"
 import { type Fetcher, makeFetcher } from "./fetcher.js"
 
@@ -38,6 +43,7 @@ export interface ConsumerSettings {
   readonly maxBytes: number
   readonly maxBytesPerPartition: number
   readonly readUncommitted: boolean
+  readonly rebalance: "eager" | "cooperative"
 }
 
 interface Session {
@@ -118,10 +124,27 @@ const heartbeatWhileHeld = async (s: Session, interval: number, until: Promise<v
 }
 
 /**
+ * What a JoinGroup about to be sent revokes. Eager: everything the member owns. Cooperative: what the last SyncGroup
+ * took away (owned, and not in the client's assignment any more); nothing on a rebalance's first JoinGroup, which
+ * keeps every partition.
+ */
+const revokedBy = (s: Session, owned: ReadonlyArray<TopicPartition.TopicPartition>, cooperative: boolean) => {
+  if (!cooperative) return owned
+  const kept = new Set(
+    (s.consumer.assignments ?? []).flatMap(({ partitions, topic }) =>
+      partitions.map((p) => TopicPartition.key(TopicPartition.make(topic, p)))
+    )
+  )
+  return owned.filter((tp) => !kept.has(TopicPartition.key(tp)))
+}
+
+/**
  * The client's `protocolsMetadata` hook, called before every JoinGroup: holds a rebalance's rejoin until the runloop
  * released the revoked partitions (or until the hold limit, past which the group would go on without the member).
+ * Under `cooperative` the client calls it before the second JoinGroup of a rebalance that took partitions away, with
+ * its assignment already the new one: the partitions that stay are neither stopped nor handed back.
  */
-const holdRejoin = (s: Session, plan: Plan) => async (): Promise<Buffer> => {
+const holdRejoin = (s: Session, plan: Plan, cooperative: boolean) => async (): Promise<Buffer> => {
   const owned = ownedList(s)
   if (!s.joined || s.closed || owned.length === 0) return Buffer.alloc(0)
   if (s.consumer.memberId === null) {
@@ -129,8 +152,10 @@ const holdRejoin = (s: Session, plan: Plan) => async (): Promise<Buffer> => {
     push(s, { _tag: "Lost", partitions: owned })
     return Buffer.alloc(0)
   }
+  const revoked = revokedBy(s, owned, cooperative)
+  if (revoked.length === 0) return Buffer.alloc(0)
   // Owned until released: their commits are still the member's, but nothing more is fetched or handed over.
-  for (const tp of owned) s.fetcher.stop(tp)
+  for (const tp of revoked) s.fetcher.stop(tp)
   let release!: () => void
   const released = new Promise<void>((resolve) => {
     release = resolve
@@ -138,7 +163,7 @@ const holdRejoin = (s: Session, plan: Plan) => async (): Promise<Buffer> => {
   s.held = release
   push(s, {
     _tag: "Revoked",
-    partitions: owned,
+    partitions: revoked,
     release: Effect.sync(() => release())
   })
   let timer: ReturnType<typeof setTimeout> | undefined
@@ -150,7 +175,7 @@ const holdRejoin = (s: Session, plan: Plan) => async (): Promise<Buffer> => {
   // The limit's timer must not keep the process alive once the revoke was released.
   clearTimeout(timer)
   s.held = undefined
-  s.fetcher.remove(owned)
+  s.fetcher.remove(revoked)
   return Buffer.alloc(0)
 }
 
@@ -331,6 +356,10 @@ export const connect = (
       heartbeatInterval: plan.heartbeatInterval,
       autocreateTopics: false,
       isolationLevel: readCommitted ? 1 : 0,
+      // Version 3 of the subscription carries the owned partitions and the generation in their own fields.
+      ...(settings.rebalance === "cooperative"
+        ? { protocols: [{ name: "cooperative-sticky", version: 3 }], partitionAssigner: cooperativeStickyAssigner }
+        : { protocols: [{ name: "roundrobin", version: 1 }] }),
       protocolsMetadata: (_protocols, _topics, _metadata, _callback) => hold()
     })
     const pool = new ConnectionPool(options.clientId, settings.client)
@@ -367,7 +396,7 @@ export const connect = (
       held: undefined,
       log
     }
-    const hold = holdRejoin(s, plan)
+    const hold = holdRejoin(s, plan, settings.rebalance === "cooperative")
     yield* Effect.addFinalizer(() => close(s, pool))
 
     consumer.on("consumer:group:join", (payload) => {

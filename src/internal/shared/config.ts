@@ -2,6 +2,7 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import { InvalidConfig } from "../../KafkaError.js"
+import type { RebalanceProtocol } from "../../Driver.js"
 
 /** A positive, finite duration, or a `InvalidConfig` naming `field`. */
 export const positiveDuration = (
@@ -72,3 +73,25 @@ export const positiveInteger = (
   input === undefined || (Number.isInteger(input) && input > 0)
     ? Effect.succeed(input)
     : Effect.fail(new InvalidConfig({ field, reason: `must be a positive integer, got ${input}` }))
+
+/**
+ * A driver's rebalance protocol: one it can keep the library's promises with, or `InvalidConfig` saying why another
+ * cannot be.
+ *
+ * @internal
+ */
+export const rebalanceProtocol = <A extends RebalanceProtocol>(
+  input: unknown,
+  supported: ReadonlyArray<A>,
+  refused: Partial<Record<RebalanceProtocol, string>>
+): Effect.Effect<A, InvalidConfig> => {
+  if (input === undefined) return Effect.succeed(supported[0]!)
+  if ((supported as ReadonlyArray<unknown>).includes(input)) return Effect.succeed(input as A)
+  const why = typeof input === "string" ? refused[input as RebalanceProtocol] : undefined
+  return Effect.fail(
+    new InvalidConfig({
+      field: "rebalance",
+      reason: why ?? `must be one of ${supported.map((p) => `"${p}"`).join(", ")}, got ${JSON.stringify(input)}`
+    })
+  )
+}
