@@ -244,7 +244,8 @@ const rebalance = Options.choice("rebalance", ["eager", "cooperative", "consumer
   Options.withDefault("eager" as const),
   Options.withDescription(
     "How the group moves partitions when members join and leave: eager (everything is revoked), cooperative " +
-      "(KIP-429) or consumer (KIP-848), both moving only what moves. On the in-memory broker. Default eager."
+      "(KIP-429) or consumer (KIP-848), both moving only what moves. With --brokers: eager, or cooperative with " +
+      "--driver platformatic. Default eager."
   )
 )
 
@@ -293,6 +294,7 @@ const runReal = (
       brokers: brokerList,
       databaseUrl,
       driver: args.driver,
+      rebalance: args.rebalance === "cooperative" ? "cooperative" : "eager",
       rebalances: true,
       ...orderingOf(args),
       onProgress: (p) => onProgress(p.results, p.kills)
@@ -319,6 +321,13 @@ const chooseStore = (args: Args): Effect.Effect<Store, UsageError> => {
   return Effect.succeed(args.store)
 }
 
+/** What the membership changes of a run moved. */
+const describeMoves = (moves: NonNullable<Outcome["moves"]>) => {
+  const per = (n: number) => moves.changes === 0 ? "" : ` (${(n / moves.changes).toFixed(1)} per change)`
+  return `${moves.changes} membership changes: ${moves.revoked} partitions revoked${per(moves.revoked)}, ` +
+    `${moves.assigned} assigned again${per(moves.assigned)}`
+}
+
 /** Runs the lab and prints its report. */
 export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknown, FileSystem.FileSystem> =>
   Effect.gen(function*() {
@@ -330,9 +339,15 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
       })
     }
     const real = Option.isSome(args.brokers)
-    if (real && args.rebalance !== "eager") {
+    if (real && args.rebalance === "consumer") {
       return yield* new UsageError({
-        message: `--rebalance ${args.rebalance} runs on the in-memory broker only: the drivers rebalance eagerly`
+        message: "--rebalance consumer (KIP-848) runs on the in-memory broker only: @platformatic/kafka acknowledges " +
+          "a revocation before the application released the partition; use --rebalance cooperative"
+      })
+    }
+    if (real && args.rebalance === "cooperative" && args.driver !== "platformatic") {
+      return yield* new UsageError({
+        message: "--rebalance cooperative with --brokers needs --driver platformatic: kafkajs rebalances eagerly only"
       })
     }
     if (real && args.poisonRate > 0) {
@@ -353,7 +368,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
       yield* Console.log(
         `${
           real
-            ? `Kafka at ${Option.getOrElse(args.brokers, () => "")}`
+            ? `Kafka at ${Option.getOrElse(args.brokers, () => "")}, ${args.rebalance} rebalances`
             : `in-memory broker, ${args.rebalance} rebalances`
         }; ` +
           `transactional stores positions in ${storeName}\n`
@@ -416,7 +431,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
             : outcome.finalLag.every((p) => p.lag === 0)
             ? ", lag 0 at the end"
             : `, lag at the end ${outcome.finalLag.map((p) => `${p.partition}: ${p.lag}`).join(", ")}`
-        }`
+        }${outcome.moves === undefined ? "" : `\n    ${describeMoves(outcome.moves)}`}`
       )
       outcomes.push(outcome)
     }

@@ -124,6 +124,13 @@ export interface Outcome {
   readonly zombies: number
   readonly elapsedMillis: number
   /**
+   * What the membership changes of a run on a real broker moved: members that joined or went (joins, restarts,
+   * leaves, kills, evictions), the partitions their rebalances revoked from members that stayed in the group, and
+   * the partitions assigned, counted from the moment the first members shared every partition. A partition lost with
+   * a killed member is not counted as revoked.
+   */
+  readonly moves?: { readonly changes: number; readonly revoked: number; readonly assigned: number }
+  /**
    * Each partition's lag once every record was handled, as the members reported it (`Observability.lag`); with
    * `Observability` only.
    */

@@ -54,6 +54,16 @@ export interface Config<Route extends FailureRoute.FailureRoute = FailureRoute.S
   /** Chosen partitions, assigned statically with no group membership (no rebalances). */
   readonly partitions?: ReadonlyArray<TopicPartition.TopicPartition>
   readonly clientId?: string
+  /**
+   * Static membership (KIP-345): the member's own name in the group, the same on every start of the same member (a
+   * pod's name, say). A member that restarts within its session timeout gets its partitions back without a rebalance
+   * of the others; one that leaves does not leave the group, and its partitions wait for it until its session
+   * expires. Two members running with the same id fence each other. With `topics` only. On
+   * `Platformatic.layer`; kafkajs and the in-memory broker refuse it when the consumer joins (a `DriverError`).
+   *
+   * @since 0.3.0
+   */
+  readonly groupInstanceId?: string
   /** Most records fetched for one partition per poll, and so the largest chunk a handler gets. Default 500. */
   readonly maxPollRecords?: number
   /** Records of one partition fetched and not yet handled never exceed this. Default 2 x `maxPollRecords`. */

@@ -132,6 +132,13 @@ export interface SessionOptions {
    * read only up to its last stable offset. `read_uncommitted`: every record, as soon as it is written.
    */
   readonly isolationLevel?: IsolationLevel | undefined
+  /**
+   * Static membership (KIP-345): the member's instance id. A driver that cannot keep it fails `connect` with a
+   * `DriverError` that says so.
+   *
+   * @since 0.3.0
+   */
+  readonly groupInstanceId?: string | undefined
 }
 
 /**

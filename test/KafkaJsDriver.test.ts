@@ -145,6 +145,18 @@ if (brokers) {
 describe("KafkaJs.layer configuration", () => {
   const configError = (config: KafkaJs.Config) => Effect.flip(Effect.provide(Driver, KafkaJs.layer(config)))
 
+  it.effect("rebalances eagerly only: cooperative and consumer are refused, saying why", () =>
+    Effect.gen(function*() {
+      yield* Effect.provide(Driver, KafkaJs.layer({ brokers: ["h:1"], rebalance: "eager" }))
+      for (const rebalance of ["cooperative", "consumer"]) {
+        const error = yield* configError({ brokers: ["h:1"], rebalance: rebalance as "eager" })
+        assert.instanceOf(error, InvalidConfig)
+        assert.strictEqual(error.field, "rebalance")
+        assert.include(error.message, "eagerly only")
+        assert.include(error.message, rebalance)
+      }
+    }))
+
   it.effect("rejects an empty broker list, naming the field", () =>
     Effect.gen(function*() {
       const error = yield* configError({ brokers: [] })

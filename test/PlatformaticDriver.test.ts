@@ -120,6 +120,21 @@ describe("Platformatic.layer configuration", () => {
       }
     }))
 
+  it.effect("takes eager and cooperative rebalances, and refuses consumer (KIP-848) saying why", () =>
+    Effect.gen(function*() {
+      for (const rebalance of ["eager", "cooperative"] as const) {
+        yield* Effect.provide(Driver, Platformatic.layer({ brokers: ["h:1"], rebalance }))
+      }
+      // A caller without the types (JavaScript, a configuration file) gets the refusal at run time.
+      for (const rebalance of ["consumer", "sticky"]) {
+        const error = yield* configError({ brokers: ["h:1"], rebalance: rebalance as "eager" })
+        assert.instanceOf(error, InvalidConfig)
+        assert.strictEqual(error.field, "rebalance")
+        assert.include(error.message, rebalance)
+      }
+      assert.include((yield* configError({ brokers: ["h:1"], rebalance: "consumer" as "eager" })).message, "KIP-848")
+    }))
+
   it.effect("rejects invalid tuning values, naming the field", () =>
     Effect.gen(function*() {
       assert.strictEqual((yield* configError({ brokers: ["h:1"], maxWaitTime: -5 })).field, "maxWaitTime")

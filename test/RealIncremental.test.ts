@@ -3,10 +3,12 @@
  * that share six partitions while records flow into every partition. Under `cooperative` the join revokes only the
  * partitions the new member gets, and the partitions that stay are handled throughout it; under `eager`, in the same
  * run, the join revokes all six and each waits for the whole group. The longest pause per partition across the join
- * is measured under both.
+ * is measured under both. Static membership (KIP-345): members killed with SIGKILL and restarted with the same instance
+ * id get their partitions back with no rebalance of the others.
  */
 import { assert, describe, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
+import { runRealWorkload } from "../demo/cluster/run.js"
 import * as Fiber from "effect/Fiber"
 import { inject } from "vitest"
 import * as CommitPolicy from "../src/CommitPolicy.js"
@@ -17,6 +19,7 @@ import * as Producer from "../src/Producer.js"
 import { eventually } from "./support/kit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
+const databaseUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
 const unique = (prefix: string) => `${prefix}-${crypto.randomUUID().slice(0, 8)}`
 const PARTITIONS = [0, 1, 2, 3, 4, 5]
 const REVOKE_MILLIS = 300
@@ -48,10 +51,14 @@ const member = (rebalance: "eager" | "cooperative", topic: string, groupId: stri
       }),
     {
       onAssign: (tp) =>
-        Effect.sync(() => journal.events.push({ at: Date.now(), kind: "assign", member: name, partition: tp.partition })),
+        Effect.sync(() =>
+          journal.events.push({ at: Date.now(), kind: "assign", member: name, partition: tp.partition })
+        ),
       // A revoke takes a while, as one that flushes what the partition's handler kept would.
       onRevoke: (tp) =>
-        Effect.sync(() => journal.events.push({ at: Date.now(), kind: "revoke", member: name, partition: tp.partition }))
+        Effect.sync(() =>
+          journal.events.push({ at: Date.now(), kind: "revoke", member: name, partition: tp.partition })
+        )
           .pipe(Effect.zipRight(Effect.sleep(REVOKE_MILLIS)))
     }
   ).pipe(
@@ -163,7 +170,9 @@ if (brokers) {
           const staying = PARTITIONS.filter((p) => !cooperative.revoked.includes(p))
           const moved = cooperative.revoked
           const line = (name: string, o: typeof eager, which: ReadonlyArray<number>) =>
-            `${name}: ${o.revoked.length} revoked, assigned ${JSON.stringify(o.reassigned)}, join ${o.joinMillis} ms, ` +
+            `${name}: ${o.revoked.length} revoked, assigned ${
+              JSON.stringify(o.reassigned)
+            }, join ${o.joinMillis} ms, ` +
             `longest pause per partition ${JSON.stringify(Object.fromEntries(which.map((p) => [p, o.pauses.get(p)])))}`
           console.log(
             `${line("eager", eager, PARTITIONS)}\n${line("cooperative, staying", cooperative, staying)}\n` +
@@ -200,6 +209,47 @@ if (brokers) {
           }
         }),
       180_000
+    )
+  })
+
+  describe("static membership on the real broker (@platformatic/kafka)", () => {
+    it.live(
+      "members killed with SIGKILL and restarted with the same instance id get their partitions back with no rebalance of the others; without an instance id each kill rebalances the group (same run)",
+      () =>
+        Effect.gen(function*() {
+          const run = (staticMembership: boolean, seed: number) =>
+            runRealWorkload({
+              policy: "transactional",
+              records: 6_000,
+              partitions: 6,
+              consumers: 3,
+              kills: 4,
+              seed,
+              brokers,
+              databaseUrl,
+              driver: "platformatic",
+              sessionTimeoutMillis: 10_000,
+              staticMembership
+            })
+          const [fixed, dynamic] = yield* Effect.all([run(true, 5001), run(false, 5002)], { concurrency: 2 })
+          const line = (name: string, o: typeof fixed) =>
+            `${name}: kills ${o.crashes}, membership changes ${o.moves?.changes}, revoked ${o.moves?.revoked}, ` +
+            `assigned again ${o.moves?.assigned}, lost ${o.lost}, duplicated ${o.duplicated}, unexpected exits ` +
+            `${o.unexpectedExits}, ${(o.elapsedMillis / 1000).toFixed(1)} s`
+          console.log(`${line("static", fixed)}\n${line("dynamic", dynamic)}`)
+          for (const o of [fixed, dynamic]) {
+            assert.strictEqual(o.crashes, 4, line("run", o))
+            assert.strictEqual(o.unexpectedExits, 0, line("run", o))
+            assert.strictEqual(o.lost, 0, line("run", o))
+            assert.strictEqual(o.duplicated, 0, line("run", o))
+          }
+          // Static: no member that stayed gave anything up; only the restarted members were assigned (their own).
+          assert.strictEqual(fixed.moves!.revoked, 0, line("static", fixed))
+          assert.isAtLeast(fixed.moves!.assigned, 4, line("static", fixed))
+          // Dynamic: each kill and restart moved partitions away from members that stayed.
+          assert.isAtLeast(dynamic.moves!.revoked, 4, line("dynamic", dynamic))
+        }),
+      { timeout: 10 * 60_000 }
     )
   })
 }

@@ -17,11 +17,14 @@ const databaseUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5
 const policies = ["atMostOnce", "autoCommit", "commitAfter", "transactional", "kafkaTransactional"] as const
 
 type DriverName = NonNullable<RealWorkload["driver"]>
+type Rebalance = NonNullable<RealWorkload["rebalance"]>
 
-const figures = (label: string, o: RealOutcome, driver: DriverName = "kafkajs") =>
-  `${label} ${o.policy} on ${driver}: ${o.produced} records, kills ${o.crashes}, moves ${o.rebalances}, lost ${o.lost}, ` +
-  `duplicated ${o.duplicated}, delivered ${o.delivered}, fenced ${o.fenced}, zombies ${o.zombies}, ` +
+const figures = (label: string, o: RealOutcome, driver: DriverName = "kafkajs", rebalance: Rebalance = "eager") =>
+  `${label} ${o.policy} on ${driver} (${rebalance}): ${o.produced} records, kills ${o.crashes}, moves ${o.rebalances}, ` +
+  `lost ${o.lost}, duplicated ${o.duplicated}, delivered ${o.delivered}, fenced ${o.fenced}, zombies ${o.zombies}, ` +
   `unexpected exits ${o.unexpectedExits}, ` +
+  (o.moves === undefined ? "" : `membership changes ${o.moves.changes}, revoked ${o.moves.revoked}, ` +
+    `assigned again ${o.moves.assigned}, `) +
   `${(o.elapsedMillis / 1000).toFixed(1)} s`
 
 /**
@@ -49,35 +52,55 @@ const assertGuarantee = (o: RealOutcome, text: string) => {
 const runAll = (
   label: string,
   workload: (policy: RealWorkload["policy"], seed: number) => RealWorkload,
-  driver: DriverName = "kafkajs"
+  driver: DriverName = "kafkajs",
+  rebalance: Rebalance = "eager"
 ) =>
   Effect.forEach(policies, (policy, i) =>
-    runRealWorkload({ ...workload(policy, 1000 + i), driver }).pipe(
-      Effect.tap((o) => Effect.sync(() => console.log(figures(label, o, driver))))
+    runRealWorkload({ ...workload(policy, 1000 + i), driver, rebalance }).pipe(
+      Effect.tap((o) => Effect.sync(() => console.log(figures(label, o, driver, rebalance))))
     ), { concurrency: "unbounded" })
 
 /** Both drivers keep every guarantee under the same disturbances. */
 const drivers: ReadonlyArray<DriverName> = ["kafkajs", "platformatic"]
 
+/**
+ * The process runs of every policy: on both drivers with eager rebalances, and on @platformatic/kafka with
+ * cooperative ones, where members also join and leave while records flow.
+ */
+const groups: ReadonlyArray<{ readonly driver: DriverName; readonly rebalance: Rebalance }> = [
+  { driver: "kafkajs", rebalance: "eager" },
+  { driver: "platformatic", rebalance: "eager" },
+  { driver: "platformatic", rebalance: "cooperative" }
+]
+
 if (brokers) {
   describe("every policy against a real broker, members as processes", () => {
-    for (const driver of drivers) {
+    for (const { driver, rebalance } of groups) {
+      const moving = rebalance === "cooperative"
       it.live(
-        `SIGKILL on ${driver}: 3 members on 6 partitions, 20,000 records, 20 kills per policy; all policies at once`,
+        `SIGKILL on ${driver}, ${rebalance} rebalances: 3 members on 6 partitions, 20,000 records, 20 kills per policy${
+          moving ? ", two members join and one leaves" : ""
+        }; all policies at once`,
         () =>
           Effect.gen(function*() {
-            const outcomes = yield* runAll("SIGKILL", (policy, seed) => ({
-              policy,
-              records: 20_000,
-              partitions: 6,
-              consumers: 3,
-              kills: 20,
-              seed,
-              brokers,
-              databaseUrl
-            }), driver)
+            const outcomes = yield* runAll(
+              "SIGKILL",
+              (policy, seed) => ({
+                policy,
+                records: 20_000,
+                partitions: 6,
+                consumers: 3,
+                kills: 20,
+                seed,
+                brokers,
+                databaseUrl,
+                rebalances: moving
+              }),
+              driver,
+              rebalance
+            )
             for (const o of outcomes) {
-              const text = figures("SIGKILL", o, driver)
+              const text = figures("SIGKILL", o, driver, rebalance)
               assert.isAtLeast(o.crashes, 20, text)
               assertGuarantee(o, text)
             }
@@ -260,24 +283,29 @@ if (brokers) {
       { timeout: 10 * 60_000 }
     )
 
-    for (const driver of drivers) {
+    for (const { driver, rebalance } of groups) {
       it.live(
-        `zombies on ${driver}: members paused (SIGSTOP) past their session, then let go on, rejoin without exiting; every policy keeps its guarantee`,
+        `zombies on ${driver}, ${rebalance} rebalances: members paused (SIGSTOP) past their session, then let go on, rejoin without exiting; every policy keeps its guarantee`,
         () =>
           Effect.gen(function*() {
-            const outcomes = yield* runAll("SIGSTOP", (policy, seed) => ({
-              policy,
-              records: 8_000,
-              partitions: 4,
-              consumers: 2,
-              kills: 0,
-              stops: 2,
-              seed: 3000 + seed,
-              brokers,
-              databaseUrl
-            }), driver)
+            const outcomes = yield* runAll(
+              "SIGSTOP",
+              (policy, seed) => ({
+                policy,
+                records: 8_000,
+                partitions: 4,
+                consumers: 2,
+                kills: 0,
+                stops: 2,
+                seed: 3000 + seed,
+                brokers,
+                databaseUrl
+              }),
+              driver,
+              rebalance
+            )
             for (const o of outcomes) {
-              const text = figures("SIGSTOP", o, driver)
+              const text = figures("SIGSTOP", o, driver, rebalance)
               assert.strictEqual(o.zombies, 2, text)
               assert.strictEqual(o.unexpectedExits, 0, text)
               assertGuarantee(o, text)

@@ -227,6 +227,14 @@ describe("the producer's signatures", () => {
     Platformatic.layer({ brokers: ["h:1"], sasl: { mechanism: "plain", username: "u", password: "p" } })
     // @ts-expect-error a session's settings belong to the consumer, not to the driver
     Platformatic.layer({ brokers: ["h:1"], sessionTimeout: "10 seconds" })
+    // The rebalance protocols each driver can keep the library's promises with, and no other.
+    Platformatic.layer({ brokers: ["h:1"], rebalance: "cooperative" })
+    // @ts-expect-error @platformatic/kafka acknowledges a KIP-848 revocation before the partition is released
+    Platformatic.layer({ brokers: ["h:1"], rebalance: "consumer" })
+    KafkaJs.layer({ brokers: ["h:1"], rebalance: "eager" })
+    // @ts-expect-error kafkajs rebalances eagerly only
+    KafkaJs.layer({ brokers: ["h:1"], rebalance: "cooperative" })
+    InMemoryKafka.layer({ rebalance: "consumer" })
   })
 
   it.effect("a failed send is a ProduceFailed at run time, as the type says", () =>

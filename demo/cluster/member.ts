@@ -117,6 +117,7 @@ const member = (options: MemberOptions) =>
     const config: Omit<Consumer.Config, "onFailure"> = {
       groupId: options.groupId,
       clientId: options.clientId,
+      ...(options.staticMembership ? { groupInstanceId: options.clientId } : {}),
       topics: [options.topic],
       maxPollRecords: options.maxPollRecords,
       sessionTimeout: options.sessionTimeoutMillis,
@@ -219,7 +220,8 @@ function driverLayers(options: MemberOptions) {
         heartbeatInterval: "1 second",
         // A broker that restarts is gone for some seconds: keep trying for about half a minute before giving up.
         retries: 10,
-        retryDelay: "1 second"
+        retryDelay: "1 second",
+        rebalance: options.rebalance
       }),
       producer: (clientId: string) => Platformatic.layerProducer({ brokers, clientId }),
       transactionalProducers: (clientId: string) =>

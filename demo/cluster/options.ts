@@ -15,6 +15,11 @@ export type DriverName = "kafkajs" | "platformatic"
 
 export const driverNames: ReadonlyArray<DriverName> = ["kafkajs", "platformatic"]
 
+/** How the members' group rebalances on a real broker: `cooperative` on @platformatic/kafka only. */
+export type RealRebalance = "eager" | "cooperative"
+
+export const realRebalances: ReadonlyArray<RealRebalance> = ["eager", "cooperative"]
+
 export const orderings: ReadonlyArray<Ordering> = ["partition", "key", "unordered"]
 
 export const policies: ReadonlyArray<PolicyName> = [
@@ -61,6 +66,10 @@ export interface MemberOptions {
   readonly supervised: boolean
   /** The driver the member consumes and produces with. Default `kafkajs`. */
   readonly driver: DriverName
+  /** How the group rebalances. Default `eager`. */
+  readonly rebalance: RealRebalance
+  /** Static membership: the client id is the member's instance id, the same on every restart. */
+  readonly staticMembership: boolean
 }
 
 export class MemberConfigError extends Data.TaggedError("MemberConfigError")<{ readonly message: string }> {}
@@ -73,7 +82,7 @@ const usage = "usage: member.ts --brokers host:port --topic T --group G " +
   "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
   "[--session-timeout-millis MS] [--ordering partition|key|unordered] [--concurrency N] [--dead-letter-topic T] " +
   "[--retry-delays MS,MS] " +
-  "[--supervised] [--driver kafkajs|platformatic] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
+  "[--supervised] [--driver kafkajs|platformatic] [--rebalance eager|cooperative] [--static-membership] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
 
 /** Reads the member's settings from its arguments, with `KAFKA_BROKERS` and `DATABASE_URL` as fallbacks. */
 export const parse = (
@@ -103,7 +112,9 @@ export const parse = (
             "dead-letter-topic": { type: "string" },
             "retry-delays": { type: "string" },
             supervised: { type: "boolean" },
-            driver: { type: "string" }
+            driver: { type: "string" },
+            rebalance: { type: "string" },
+            "static-membership": { type: "boolean" }
           }
         }).values,
       catch: (error) => new MemberConfigError({ message: `${String(error)}\n${usage}` })
@@ -149,6 +160,17 @@ export const parse = (
         message: `--driver must be one of ${driverNames.join(", ")}, got "${driver}"`
       })
     }
+    const rebalance = parsed.rebalance ?? "eager"
+    if (!realRebalances.includes(rebalance as RealRebalance)) {
+      return yield* new MemberConfigError({
+        message: `--rebalance must be one of ${realRebalances.join(", ")}, got "${rebalance}"`
+      })
+    }
+    if (rebalance !== "eager" && driver !== "platformatic") {
+      return yield* new MemberConfigError({
+        message: `--rebalance ${rebalance} needs --driver platformatic: kafkajs rebalances eagerly only`
+      })
+    }
     return {
       brokers: yield* required("brokers", parsed.brokers ?? env.KAFKA_BROKERS),
       topic: yield* required("topic", parsed.topic),
@@ -166,7 +188,9 @@ export const parse = (
       deadLetterTopic: parsed["dead-letter-topic"],
       retryDelays: yield* delays(parsed["retry-delays"]),
       supervised: parsed.supervised ?? false,
-      driver: driver as DriverName
+      driver: driver as DriverName,
+      rebalance: rebalance as RealRebalance,
+      staticMembership: parsed["static-membership"] ?? false
     }
   })
 
@@ -202,5 +226,8 @@ export const toArgs = (options: MemberOptions): Array<string> => [
   ...(options.retryDelays.length === 0 ? [] : ["--retry-delays", options.retryDelays.join(",")]),
   ...(options.supervised ? ["--supervised"] : []),
   "--driver",
-  options.driver
+  options.driver,
+  "--rebalance",
+  options.rebalance,
+  ...(options.staticMembership ? ["--static-membership"] : [])
 ]

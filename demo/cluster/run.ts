@@ -28,6 +28,7 @@ import {
   type Ordering,
   outputTopicOf,
   type PolicyName,
+  type RealRebalance,
   toArgs
 } from "./options.js"
 import { createResultsTable, dropTable, handledAmong, handledCount, tallyByPartition } from "./results.js"
@@ -77,6 +78,13 @@ export interface RealWorkload {
   readonly retryDelays?: ReadonlyArray<number>
   /** The driver the members consume and produce with. Default `kafkajs`. */
   readonly driver?: DriverName
+  /** How the members' group rebalances (`cooperative` needs the `platformatic` driver). Default `eager`. */
+  readonly rebalance?: RealRebalance
+  /**
+   * Static membership: each member's instance id is its slot's name, the same after a restart (`platformatic` only).
+   * Default `false`.
+   */
+  readonly staticMembership?: boolean
 }
 
 export interface RealOutcome extends Outcome {
@@ -123,7 +131,19 @@ const remember = (tail: Array<string>, line: string) => {
   if (tail.length > 40) tail.shift()
 }
 
-const startMember = (name: string, options: MemberOptions, running: Set<Member>): Effect.Effect<Member> =>
+/** The partitions the members announce as revoked and assigned, while `counting`. */
+interface MoveCount {
+  counting: boolean
+  revoked: number
+  assigned: number
+}
+
+const startMember = (
+  name: string,
+  options: MemberOptions,
+  running: Set<Member>,
+  moves: MoveCount
+): Effect.Effect<Member> =>
   Effect.gen(function*() {
     installExitHook()
     const exited = yield* Deferred.make<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>()
@@ -147,9 +167,13 @@ const startMember = (name: string, options: MemberOptions, running: Set<Member>)
     running.add(member)
     const verbose = process.env.CLUSTER_VERBOSE === "1"
     createInterface({ input: child.stdout! }).on("line", (line) => {
-      if (line.startsWith("assigned ")) member.owned.add(line.slice("assigned ".length))
-      else if (line.startsWith("revoked ")) member.owned.delete(line.slice("revoked ".length))
-      else if (line !== "ready") remember(member.tail, line)
+      if (line.startsWith("assigned ")) {
+        member.owned.add(line.slice("assigned ".length))
+        if (moves.counting) moves.assigned++
+      } else if (line.startsWith("revoked ")) {
+        member.owned.delete(line.slice("revoked ".length))
+        if (moves.counting) moves.revoked++
+      } else if (line !== "ready") remember(member.tail, line)
       if (verbose) process.stderr.write(`[${name} ${child.pid}] ${line}\n`)
     })
     createInterface({ input: child.stderr! }).on("line", (line) => {
@@ -427,8 +451,13 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       deadLetterTopic: poisonRate > 0 ? deadLetterTopic(topic) : undefined,
       retryDelays: poisonRate > 0 ? workload.retryDelays ?? [] : [],
       supervised: true,
-      driver: workload.driver ?? "kafkajs"
+      driver: workload.driver ?? "kafkajs",
+      rebalance: workload.rebalance ?? "eager",
+      staticMembership: workload.staticMembership ?? false
     })
+    const moves: MoveCount = { counting: true, revoked: 0, assigned: 0 }
+    // Joins (after the first members), restarts, leaves, kills and evictions.
+    let changes = 0
 
     let kills = 0
     let rebalances = 0
@@ -463,8 +492,10 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
 
     const slot = (name: string) =>
       Effect.gen(function*() {
+        let starts = 0
         while (!stopped.has(name)) {
-          const member = yield* startMember(name, memberOptions(name), running)
+          if (starts++ > 0 || name.startsWith("extra-")) changes++
+          const member = yield* startMember(name, memberOptions(name), running, moves)
           current.set(name, member)
           const exit = yield* Deferred.await(member.exited)
           current.delete(name)
@@ -528,6 +559,26 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
         })
       )
 
+    // The moves are counted from the moment the first members share every partition: how the group formed is not a
+    // membership change's.
+    yield* Effect.forkScoped(
+      waitFor(
+        "the first members to share the partitions",
+        () => {
+          const members = Array.from(current.values())
+          return changes === 0 && members.length === workload.consumers && members.every((m) => m.owned.size > 0) &&
+            members.reduce((n, m) => n + m.owned.size, 0) === workload.partitions
+        },
+        "10 minutes"
+      ).pipe(
+        Effect.zipRight(Effect.sync(() => {
+          moves.revoked = 0
+          moves.assigned = 0
+        })),
+        Effect.ignore
+      )
+    )
+
     // Kills at random moments, only while records flow and only members that own partitions at that moment.
     const killer = Effect.gen(function*() {
       let handledAtLastKill = 0
@@ -546,6 +597,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
         victim.killed = true
         yield* signal(victim, "SIGKILL")
         kills++
+        changes++
         handledAtLastKill = handled
       }
       if (workload.kills > 0) yield* disturbed
@@ -568,6 +620,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
         const victim = candidates[Math.floor(rng() * candidates.length)]
         if (victim === undefined) continue
         yield* signal(victim, "SIGSTOP")
+        changes++
         yield* Effect.sleep(sessionTimeoutMillis + 4_000).pipe(Effect.ensuring(signal(victim, "SIGCONT")))
         paused++
       }
@@ -588,6 +641,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       yield* waitFor("three quarters of the records", () => handled >= share(3), "10 minutes")
       rebalances++
       leaving = true
+      changes++
       yield* stopSlot("extra-1")
       leaving = false
       yield* disturbed
@@ -616,7 +670,9 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       if (leaving) yield* Fiber.await(moverFiber.value).pipe(Effect.timeoutOption("90 seconds"))
       yield* Fiber.interrupt(moverFiber.value)
     }
-    // Leaving cleanly: every member finishes its in-flight work and commits or stores its final positions.
+    // Leaving cleanly: every member finishes its in-flight work and commits or stores its final positions. These
+    // revokes are not a membership change's.
+    moves.counting = false
     yield* Effect.forEach(Array.from(slots.keys()), stopSlot, { concurrency: "unbounded", discard: true })
     const elapsedMillis = Date.now() - startedAt
 
@@ -652,6 +708,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       fenced,
       zombies: paused,
       elapsedMillis,
+      moves: { changes, revoked: moves.revoked, assigned: moves.assigned },
       unexpectedExits,
       handlerMillis,
       poison,

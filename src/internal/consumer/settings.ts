@@ -101,6 +101,20 @@ export const resolve = (config: AnyConfig): Effect.Effect<runloop.Resolved, Inva
         reason: `must be "partition", "key" or "unordered", got ${JSON.stringify(ordering)}`
       })
     }
+    if (config.groupInstanceId !== undefined) {
+      if (typeof config.groupInstanceId !== "string" || !/^\S{1,249}$/.test(config.groupInstanceId)) {
+        return yield* new InvalidConfig({
+          field: "groupInstanceId",
+          reason: `must be 1 to 249 characters without spaces, got ${JSON.stringify(config.groupInstanceId)}`
+        })
+      }
+      if (config.topics === undefined) {
+        return yield* new InvalidConfig({
+          field: "groupInstanceId",
+          reason: "is a group member's name: it goes with topics, not with partitions assigned by hand"
+        })
+      }
+    }
     const concurrency = yield* positiveInt("concurrency", config.concurrency, 64)
     const route = yield* routeOf(config)
     return {
@@ -117,7 +131,8 @@ export const resolve = (config: AnyConfig): Effect.Effect<runloop.Resolved, Inva
         pollTimeout,
         sessionTimeout,
         rebalanceTimeout,
-        isolationLevel
+        isolationLevel,
+        ...(config.groupInstanceId === undefined ? {} : { groupInstanceId: config.groupInstanceId })
       },
       bufferSize,
       revokeTimeout,

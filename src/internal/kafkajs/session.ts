@@ -37,7 +37,7 @@ import {
   releaseRevoke,
   type Session
 } from "./member.js"
-import { planSession, type SessionPlan } from "../shared/sessionPlan.js"
+import { planSession, refuseStaticMembership, type SessionPlan } from "../shared/sessionPlan.js"
 import type { Entry } from "./partitions.js"
 import { makeReadWire } from "./readWire.js"
 import { memberState } from "./states.js"
@@ -73,10 +73,13 @@ interface Plan extends SessionPlan {
 }
 
 const planOf = (settings: ConsumerSettings, options: SessionOptions): Effect.Effect<Plan, DriverError> =>
-  Effect.map(planSession(settings.heartbeatInterval, options), (plan) => ({
-    ...plan,
-    tick: Math.min(plan.heartbeatInterval, 500)
-  }))
+  Effect.zipRight(
+    refuseStaticMembership("kafkajs", options),
+    Effect.map(planSession(settings.heartbeatInterval, options), (plan) => ({
+      ...plan,
+      tick: Math.min(plan.heartbeatInterval, 500)
+    }))
+  )
 
 /**
  * Runs kafkajs's consumer until it has joined the group. Its `run` resolves after the first join, or once a failed

@@ -13,6 +13,7 @@ import { type Broker, pollOnce, unreachableError, whileFrozen } from "./broker.j
 import * as groups from "./groups.js"
 import * as memoryLog from "./log.js"
 import * as transactions from "./transactions.js"
+import { refuseStaticMembership } from "../shared/sessionPlan.js"
 
 /**
  * A session of the `Driver` on the in-memory broker: a new member of its group, heartbeating until the scope closes,
@@ -26,6 +27,7 @@ export const connect = (
 ): Effect.Effect<DriverSession, DriverError, Scope.Scope> =>
   Effect.gen(function*() {
     const { coordinator, notify } = broker
+    yield* refuseStaticMembership("the in-memory broker", options)
     if (broker.down) return yield* unreachableError("connect")
     const subscribed = options.subscription._tag === "Topics"
       ? options.subscription.topics

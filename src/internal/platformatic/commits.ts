@@ -89,7 +89,8 @@ export const commit = (g: Group, offsets: OffsetBatch.OffsetBatch): Effect.Effec
           g.groupId,
           generation,
           memberId,
-          null,
+          // A static member's commits name it: a member its restart replaced is fenced (FENCED_INSTANCE_ID).
+          g.isStatic ? null : g.consumer.groupInstanceId,
           Array.from(topics, ([name, list]) => ({ name, partitions: list }))
         )
       },

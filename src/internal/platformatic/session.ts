@@ -108,7 +108,7 @@ const heartbeatWhileHeld = async (s: Session, interval: number, until: Promise<v
       const id = consumer.coordinatorId ?? await consumer.findGroupCoordinator()
       const connection = (await consumer.connectToBrokers([id])).get(id)
       if (connection === undefined) continue
-      await heartbeatV4.api.async(connection, consumer.groupId, generation, memberId, null)
+      await heartbeatV4.api.async(connection, consumer.groupId, generation, memberId, consumer.groupInstanceId)
     } catch (error) {
       const ids = apiIds(error)
       if (ids.includes("REBALANCE_IN_PROGRESS")) continue
@@ -246,15 +246,22 @@ const close = (s: Session, pool: ConnectionPool): Effect.Effect<void> =>
         Effect.timeoutOption("10 seconds"),
         Effect.catchAll((error) => Effect.logWarning(`@platformatic/kafka ${what} failed: ${error.reason}`))
       )
-    if (s.joined && !s.group.isStatic) {
-      yield* step("leaveGroup", () =>
-        new Promise<void>((resolve, reject) =>
-          s.consumer.leaveGroup(true, (error) =>
-            error === null || error === undefined ? resolve() : reject(error))
-        ))
+    const leave = () =>
+      new Promise<void>((resolve, reject) =>
+        s.consumer.leaveGroup(true, (error) => error === null || error === undefined ? resolve() : reject(error))
+      )
+    if (s.consumer.groupInstanceId !== null) {
+      // A static member (KIP-345) does not leave: its partitions wait for it until its session expires, and a restart
+      // within it gets them back without a rebalance. The client's leaveGroup and close send LeaveGroup with the member
+      // id and without the instance id, which removes a static member, and have no option not to. They send nothing
+      // for a consumer without a member id (its public field): the id is cleared, then leaveGroup ends the client's
+      // membership (no more heartbeats or rejoins) without a request.
+      s.consumer.memberId = null
+      yield* step("leaveGroup", leave)
+    } else if (s.joined && !s.group.isStatic) {
+      yield* step("leaveGroup", leave)
     }
-    yield* step("close", () =>
-      s.consumer.close(true))
+    yield* step("close", () => s.consumer.close(true))
     yield* step("close", () => pool.close())
   })
 
@@ -351,6 +358,7 @@ export const connect = (
       ...settings.client,
       clientId: options.clientId,
       groupId: options.groupId,
+      ...(options.groupInstanceId === undefined ? {} : { groupInstanceId: options.groupInstanceId }),
       sessionTimeout: plan.sessionTimeout,
       rebalanceTimeout: plan.rebalanceTimeout,
       heartbeatInterval: plan.heartbeatInterval,
