@@ -6,7 +6,7 @@
  *   npm run bench -- --smoke                    every benchmark at tiny sizes, for CI (under a minute)
  *   npm run bench -- --json out.json            also write the results as JSON
  *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer,
- *                                               ordering, retries, observability, drivers
+ *                                               ordering, retries, observability, drivers, rebalance
  *   npm run bench -- --rounds 7 --warmup 2      more rounds
  *
  * A broker is started with scripts/kafka.sh on a free port (and stopped at the end) unless KAFKA_BROKERS is set.
@@ -25,6 +25,7 @@ import { exactlyOnce, type PostgresSizes } from "./postgres.js"
 import { orderingInMemory, orderingKafka, orderingPostgres, type OrderingSizes } from "./ordering.js"
 import { manyFibers, pipeline, producerThroughput, type ProducerSizes } from "./producer.js"
 import { overhead, realistic, type RealBrokerSizes } from "./realBroker.js"
+import { joinCostInMemory, joinCostKafka, type RebalanceSizes } from "./rebalance.js"
 import { retriesInMemory, retriesKafka, type RetrySizes } from "./retries.js"
 import { makeTopics } from "./topics.js"
 
@@ -40,7 +41,8 @@ const benchmarkIds = [
   "ordering",
   "retries",
   "observability",
-  "drivers"
+  "drivers",
+  "rebalance"
 ] as const
 type BenchmarkId = (typeof benchmarkIds)[number]
 
@@ -54,6 +56,7 @@ interface Sizes {
   readonly retries: { readonly inMemory: RetrySizes; readonly kafka: RetrySizes }
   readonly observability: ObservabilitySizes
   readonly drivers: DriverSizes
+  readonly rebalance: RebalanceSizes
 }
 
 const full: Sizes = {
@@ -74,7 +77,8 @@ const full: Sizes = {
     kafka: { records: 100_000, timedRecords: 12_000, partitions: 6 }
   },
   observability: { inMemoryRecords: 1_000_000, kafkaRecords: 500_000, partitions: 6 },
-  drivers: { consumerRecords: 500_000, producerRecords: 200_000, partitions: 6 }
+  drivers: { consumerRecords: 500_000, producerRecords: 200_000, partitions: 6 },
+  rebalance: { records: 300_000, partitions: 6, beforeMillis: 3_000, acrossMillis: 6_000 }
 }
 
 const smoke: Sizes = {
@@ -89,7 +93,8 @@ const smoke: Sizes = {
     kafka: { records: 2_000, timedRecords: 300, partitions: 6 }
   },
   observability: { inMemoryRecords: 20_000, kafkaRecords: 3_000, partitions: 6 },
-  drivers: { consumerRecords: 3_000, producerRecords: 3_000, partitions: 6 }
+  drivers: { consumerRecords: 3_000, producerRecords: 3_000, partitions: 6 },
+  rebalance: { records: 60_000, partitions: 6, beforeMillis: 500, acrossMillis: 1_500 }
 }
 
 export interface Options {
@@ -195,13 +200,14 @@ const main = async (): Promise<number> => {
   if (wants("observability")) {
     await attempt("observability-inmemory", () => observabilityInMemory(plan, sizes.observability))
   }
+  if (wants("rebalance")) await attempt("rebalance-inmemory", () => joinCostInMemory(plan, sizes.rebalance))
   if (wants("postgres")) {
     const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
     await attempt("postgres", () => exactlyOnce(plan, url, sizes.postgres))
   }
   if (
     wants("overhead") || wants("realistic") || wants("backlog") || wants("producer") || wants("ordering") ||
-    wants("retries") || wants("observability") || wants("drivers")
+    wants("retries") || wants("observability") || wants("drivers") || wants("rebalance")
   ) {
     try {
       await withBroker(log, async (brokers) => {
@@ -230,6 +236,9 @@ const main = async (): Promise<number> => {
           if (wants("drivers")) {
             await attempt("drivers-consumer", () => driversConsumer(plan, brokers, topics, sizes.drivers))
             await attempt("drivers-producer", () => driversProducer(plan, brokers, sizes.drivers))
+          }
+          if (wants("rebalance")) {
+            await attempt("rebalance-kafka", () => joinCostKafka(plan, brokers, topics, sizes.rebalance))
           }
         } finally {
           await topics.close()

@@ -229,7 +229,8 @@ if (brokers) {
               databaseUrl,
               driver: "platformatic",
               sessionTimeoutMillis: 10_000,
-              staticMembership
+              staticMembership,
+              settleFirst: true
             })
           const [fixed, dynamic] = yield* Effect.all([run(true, 5001), run(false, 5002)], { concurrency: 2 })
           const line = (name: string, o: typeof fixed) =>

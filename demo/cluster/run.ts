@@ -85,6 +85,8 @@ export interface RealWorkload {
    * Default `false`.
    */
   readonly staticMembership?: boolean
+  /** Kills begin only once the first members share every partition (not while the group forms). Default `false`. */
+  readonly settleFirst?: boolean
 }
 
 export interface RealOutcome extends Outcome {
@@ -561,6 +563,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
 
     // The moves are counted from the moment the first members share every partition: how the group formed is not a
     // membership change's.
+    const formed = yield* Deferred.make<void>()
     yield* Effect.forkScoped(
       waitFor(
         "the first members to share the partitions",
@@ -575,12 +578,14 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
           moves.revoked = 0
           moves.assigned = 0
         })),
+        Effect.zipRight(Deferred.succeed(formed, undefined)),
         Effect.ignore
       )
     )
 
     // Kills at random moments, only while records flow and only members that own partitions at that moment.
     const killer = Effect.gen(function*() {
+      if (workload.settleFirst === true) yield* Deferred.await(formed)
       let handledAtLastKill = 0
       while (kills < workload.kills) {
         yield* Effect.sleep(300 + Math.floor(rng() * 2_200))
