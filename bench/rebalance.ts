@@ -36,6 +36,8 @@ export interface RebalanceSizes {
 /** The handler's time per chunk, and the chunk's largest size. */
 const CHUNK_MILLIS = 20
 const MAX_POLL_RECORDS = 50
+/** How long each partition's `onRevoke` takes. */
+const REVOKE_MILLIS = 300
 
 let seq = 0
 
@@ -58,13 +60,16 @@ const joinOnce = (topic: string, sizes: RebalanceSizes): Effect.Effect<Sample, E
         (records) =>
           Effect.sleep(Duration.millis(CHUNK_MILLIS)).pipe(Effect.zipRight(Effect.sync(() => {
             handled += records.length
-          })))
+          }))),
+        // A revoke that takes a while, as one that flushes what the partition's handler kept would.
+        { onRevoke: () => Effect.sleep(Duration.millis(REVOKE_MILLIS)) }
       ).pipe(
         Effect.provide(CommitPolicy.commitAfter({ maxBatch: 500, maxInterval: "200 millis" })),
         Effect.fork
       )
     const first = [yield* member("a"), yield* member("b"), yield* member("c")]
     // Steady: the three have shared the partitions and run for a while.
+    yield* Effect.sleep(Duration.millis(20)).pipe(Effect.repeat({ until: () => handled > 0 }))
     yield* Effect.sleep(Duration.millis(sizes.beforeMillis))
     const beforeStart = handled
     yield* Effect.sleep(Duration.millis(sizes.beforeMillis))
@@ -100,8 +105,9 @@ const result = (
   variants,
   checks: checksOf(variants, ids),
   notes: [
-    `The handler takes ${CHUNK_MILLIS} ms per chunk of at most ${MAX_POLL_RECORDS} records: the group's rate is the ` +
-    "handlers', so a pause in handling shows as a lower rate. `before` is the same group's rate in the " +
+    `The handler takes ${CHUNK_MILLIS} ms per chunk of at most ${MAX_POLL_RECORDS} records and each revoke's ` +
+    `onRevoke ${REVOKE_MILLIS} ms: the group's rate is the handlers', so a pause in handling shows as a lower rate. ` +
+    "`before` is the same group's rate in the " +
     `${sizes.beforeMillis / 1000} s before the join; acrossOverBefore is the share of it kept across the join.`
   ]
 })
