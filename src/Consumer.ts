@@ -58,8 +58,9 @@ export interface Config<Route extends FailureRoute.FailureRoute = FailureRoute.S
    * Static membership (KIP-345): the member's own name in the group, the same on every start of the same member (a
    * pod's name, say). A member that restarts within its session timeout gets its partitions back without a rebalance
    * of the others; one that leaves does not leave the group, and its partitions wait for it until its session
-   * expires. Two members running with the same id fence each other. With `topics` only. On
-   * `Platformatic.layer`; kafkajs and the in-memory broker refuse it when the consumer joins (a `DriverError`).
+   * expires. Of two members running with the same id, the newer one fences the older (which ends with a `DriverError`
+   * naming `FENCED_INSTANCE_ID`). With `topics` only. On `Platformatic.layer` and the in-memory broker; kafkajs refuses
+   * it when the consumer joins (a `DriverError`).
    *
    * @since 0.3.0
    */

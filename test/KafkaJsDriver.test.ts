@@ -306,7 +306,7 @@ describe("kafkajs errors, classified", () => {
       [protocol(22), "IllegalGeneration"],
       [bailed(protocol(22)), "IllegalGeneration"],
       [protocol(25), "UnknownMember"], // UNKNOWN_MEMBER_ID
-      [protocol(82), "UnknownMember"], // FENCED_INSTANCE_ID
+      [protocol(82), "Other"], // FENCED_INSTANCE_ID: fatal, a rejoin would fence the newer member with the same id
       [protocol(30), "Unauthorized"], // GROUP_AUTHORIZATION_FAILED
       [protocol(29), "Unauthorized"], // TOPIC_AUTHORIZATION_FAILED
       [protocol(12), "Other"], // OFFSET_METADATA_TOO_LARGE

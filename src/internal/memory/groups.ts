@@ -22,6 +22,10 @@ export interface Member {
   readonly sessionMillis: number
   /** A `Partitions` subscription: assigned what it asked for, outside the group's rebalances. */
   readonly static: boolean
+  /** Static membership (KIP-345): the member's instance id. */
+  readonly instanceId: string | undefined
+  /** A later member joined with the same instance id: this one is fenced. */
+  fenced: boolean
   generation: number
   assigned: Array<TopicPartition.TopicPartition>
   /** Fetch positions; a partition has none until the runloop seeks it. */
@@ -203,6 +207,8 @@ export const newMember = (coordinator: Coordinator, options: SessionOptions, now
   options,
   sessionMillis: Duration.toMillis(options.sessionTimeout),
   static: options.subscription._tag === "Partitions",
+  instanceId: options.groupInstanceId,
+  fenced: false,
   generation: 0,
   assigned: [],
   positions: new Map(),
@@ -257,12 +263,41 @@ export const expire = (coordinator: Coordinator, group: Group, now: number): boo
 }
 
 /**
- * A member joins its group: a static member is assigned what it asked for at once, any other starts a rebalance.
+ * A member with an instance id takes the place of the group's member with the same id (KIP-345): with its assignment
+ * and generation, and no rebalance, unless the other is in the middle of one (then it is evicted, and the newcomer
+ * joins as any member does). The other is fenced either way. Whether the place was taken.
+ */
+const replaceStatic = (coordinator: Coordinator, group: Group, member: Member, now: number): boolean => {
+  const old = group.members.find((m) => m !== member && m.instanceId === member.instanceId)
+  if (member.instanceId === undefined || old === undefined) return false
+  old.fenced = true
+  const settled = group.protocol === "eager"
+    ? !group.rebalancing && !old.awaitingRelease
+    : old.revoking.size === 0
+  if (!settled) {
+    evict(coordinator, old, now)
+    return false
+  }
+  old.inGroup = false
+  group.members = group.members.map((m) => m === old ? member : m)
+  member.inGroup = true
+  member.lastHeartbeat = now
+  member.generation = old.generation
+  member.assigned = [...old.assigned]
+  for (const [k, id] of group.target) if (id === old.id) group.target.set(k, member.id)
+  member.pendingEvents.push({ _tag: "Assigned", partitions: member.assigned })
+  return true
+}
+
+/**
+ * A member joins its group: a static member is assigned what it asked for at once, a member with an instance id takes
+ * its earlier self's place (`replaceStatic`), any other starts a rebalance.
  *
  * @internal
  */
 export const join = (coordinator: Coordinator, member: Member, now: number): void => {
   const group = coordinator.groupOf(member.groupId)
+  if (replaceStatic(coordinator, group, member, now)) return
   member.inGroup = true
   member.lastHeartbeat = now
   group.members.push(member)
@@ -293,6 +328,13 @@ export const refuseCommit = (
   const injected = group.refusals.shift()
   if (injected !== undefined) {
     return new CommitFailed({ reason: injected, partitions: all, detail: "refused by InMemoryKafka.refuseCommits" })
+  }
+  if (member.fenced) {
+    return new CommitFailed({
+      reason: "Other",
+      partitions: all,
+      detail: `FENCED_INSTANCE_ID: a newer member joined with instance id "${member.instanceId}"`
+    })
   }
   if (!member.inGroup) return new CommitFailed({ reason: "UnknownMember", partitions: all, detail: member.id })
   // Incremental protocols keep a member's partitions across generations: what it owns, it may commit.

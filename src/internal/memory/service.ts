@@ -108,6 +108,11 @@ const groupOperations = (broker: Broker) => {
         const member = members.get(memberId)
         if (member === undefined || member.dead) return
         member.dead = true
+        if (member.instanceId !== undefined) {
+          // A member with an instance id stays in its group until its session expires.
+          member.frozen = true
+          return yield* notify
+        }
         groups.evict(coordinator, member, yield* Clock.currentTimeMillis)
         members.delete(memberId)
         yield* notify

@@ -13,11 +13,10 @@ import { type Broker, pollOnce, unreachableError, whileFrozen } from "./broker.j
 import * as groups from "./groups.js"
 import * as memoryLog from "./log.js"
 import * as transactions from "./transactions.js"
-import { refuseStaticMembership } from "../shared/sessionPlan.js"
 
 /**
  * A session of the `Driver` on the in-memory broker: a new member of its group, heartbeating until the scope closes,
- * when it leaves the group.
+ * when it leaves the group (a member with an instance id stays in it, silent, until its session expires).
  *
  * @internal
  */
@@ -27,7 +26,6 @@ export const connect = (
 ): Effect.Effect<DriverSession, DriverError, Scope.Scope> =>
   Effect.gen(function*() {
     const { coordinator, notify } = broker
-    yield* refuseStaticMembership("the in-memory broker", options)
     if (broker.down) return yield* unreachableError("connect")
     const subscribed = options.subscription._tag === "Topics"
       ? options.subscription.topics
@@ -57,6 +55,12 @@ export const connect = (
     yield* Effect.addFinalizer(() =>
       Effect.gen(function*() {
         if (member.dead) return
+        if (member.instanceId !== undefined && member.inGroup) {
+          // A member with an instance id does not leave: its partitions wait for it until its session expires.
+          member.dead = true
+          member.frozen = true
+          return
+        }
         const t = yield* Clock.currentTimeMillis
         groups.evict(coordinator, member, t)
         coordinator.members.delete(member.id)
@@ -163,6 +167,14 @@ const makePoll = (
   // An evicted member learns that its partitions are gone, then joins again as a new member, as a Kafka
   // consumer does when its next request is answered with UNKNOWN_MEMBER_ID.
   const lostAndRejoin = Effect.gen(function*() {
+    if (member.fenced) {
+      // Kafka answers FENCED_INSTANCE_ID, which no rejoin can cure: the newer member keeps the id.
+      return yield* new DriverError({
+        operation: "poll",
+        reason: `FENCED_INSTANCE_ID: a newer member joined group ${member.groupId} with instance id ` +
+          `"${member.instanceId}"`
+      })
+    }
     const lost = member.assigned
     member.assigned = []
     member.positions = new Map()

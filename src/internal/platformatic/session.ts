@@ -57,6 +57,8 @@ interface Session {
   failure: DriverError | undefined
   /** The revoke held in `protocolsMetadata`, until `release`. */
   held: (() => void) | undefined
+  /** A newer member joined with this member's instance id (FENCED_INSTANCE_ID). */
+  fenced: DriverError | undefined
   readonly log: (level: "debug" | "info" | "warning", message: string) => void
 }
 
@@ -145,6 +147,8 @@ const revokedBy = (s: Session, owned: ReadonlyArray<TopicPartition.TopicPartitio
  * its assignment already the new one: the partitions that stay are neither stopped nor handed back.
  */
 const holdRejoin = (s: Session, plan: Plan, cooperative: boolean) => async (): Promise<Buffer> => {
+  // A member a newer one fenced (same instance id) must not join again: that would fence the newer one in turn.
+  if (s.fenced !== undefined) throw s.fenced
   const owned = ownedList(s)
   if (!s.joined || s.closed || owned.length === 0) return Buffer.alloc(0)
   if (s.consumer.memberId === null) {
@@ -402,6 +406,7 @@ export const connect = (
       closed: false,
       failure: undefined,
       held: undefined,
+      fenced: undefined,
       log
     }
     const hold = holdRejoin(s, plan, settings.rebalance === "cooperative")
@@ -409,6 +414,17 @@ export const connect = (
 
     consumer.on("consumer:group:join", (payload) => {
       if (!s.closed) onJoin(s, payload.assignments ?? [])
+    })
+    consumer.on("consumer:heartbeat:error", (payload: { readonly error?: unknown }) => {
+      if (s.closed || s.fenced !== undefined || !apiIds(payload.error).includes("FENCED_INSTANCE_ID")) return
+      s.fenced = new DriverError({
+        operation: "heartbeat",
+        reason: `FENCED_INSTANCE_ID: a newer member joined group ${options.groupId} with instance id ` +
+          `"${options.groupInstanceId}"`,
+        cause: payload.error
+      })
+      s.failure ??= s.fenced
+      wake(s)
     })
     consumer.on("error", (error: unknown) => {
       if (s.closed || s.failure !== undefined) return

@@ -23,8 +23,11 @@ export const commitReasonOfProtocol = (type: string | undefined): CommitFailed["
     case "ILLEGAL_GENERATION":
       return "IllegalGeneration"
     case "UNKNOWN_MEMBER_ID":
-    case "FENCED_INSTANCE_ID":
       return "UnknownMember"
+    // A newer member joined with this member's instance id (KIP-345): a rejoin would fence it in turn, so the
+    // consumer ends, as Kafka's own clients do.
+    case "FENCED_INSTANCE_ID":
+      return "Other"
     case "GROUP_AUTHORIZATION_FAILED":
     case "TOPIC_AUTHORIZATION_FAILED":
       return "Unauthorized"
