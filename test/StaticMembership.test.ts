@@ -157,8 +157,7 @@ describe("static membership on the in-memory broker", () => {
 
   it.effect("the setting is checked: not blank, not with partitions assigned by hand; kafkajs refuses it", () =>
     Effect.gen(function*() {
-      const error = (config: Omit<Consumer.Config, "onFailure">) =>
-        Effect.flip(Consumer.validate(config))
+      const error = (config: Omit<Consumer.Config, "onFailure">) => Effect.flip(Consumer.validate(config))
       for (const bad of ["", "a b"]) {
         const e = yield* error({ groupId: "g", topics: ["t"], groupInstanceId: bad })
         assert.instanceOf(e, InvalidConfig)
