@@ -244,8 +244,8 @@ const rebalance = Options.choice("rebalance", ["eager", "cooperative", "consumer
   Options.withDefault("eager" as const),
   Options.withDescription(
     "How the group moves partitions when members join and leave: eager (everything is revoked), cooperative " +
-      "(KIP-429) or consumer (KIP-848), both moving only what moves. With --brokers: eager, or cooperative with " +
-      "--driver platformatic. Default eager."
+      "(KIP-429) or consumer (KIP-848), both moving only what moves. With --brokers, cooperative and consumer " +
+      "need --driver platformatic. Default eager."
   )
 )
 
@@ -294,7 +294,7 @@ const runReal = (
       brokers: brokerList,
       databaseUrl,
       driver: args.driver,
-      rebalance: args.rebalance === "cooperative" ? "cooperative" : "eager",
+      rebalance: args.rebalance,
       rebalances: true,
       ...orderingOf(args),
       onProgress: (p) => onProgress(p.results, p.kills)
@@ -339,15 +339,10 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
       })
     }
     const real = Option.isSome(args.brokers)
-    if (real && args.rebalance === "consumer") {
+    if (real && args.rebalance !== "eager" && args.driver !== "platformatic") {
       return yield* new UsageError({
-        message: "--rebalance consumer (KIP-848) runs on the in-memory broker only: @platformatic/kafka acknowledges " +
-          "a revocation before the application released the partition; use --rebalance cooperative"
-      })
-    }
-    if (real && args.rebalance === "cooperative" && args.driver !== "platformatic") {
-      return yield* new UsageError({
-        message: "--rebalance cooperative with --brokers needs --driver platformatic: kafkajs rebalances eagerly only"
+        message: `--rebalance ${args.rebalance} with --brokers needs --driver platformatic: kafkajs rebalances ` +
+          "eagerly only"
       })
     }
     if (real && args.poisonRate > 0) {

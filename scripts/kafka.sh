@@ -233,6 +233,12 @@ default.replication.factor=$replicas
 min.insync.replicas=$isr
 # Tests join groups constantly; do not wait for more members before the first rebalance.
 group.initial.rebalance.delay.ms=0
+# Groups of the consumer protocol (KIP-848) take their session and heartbeat from the broker: short, as the classic
+# groups of the tests ask for theirs (a 6 s session, heartbeats every second).
+group.consumer.min.session.timeout.ms=1000
+group.consumer.session.timeout.ms=6000
+group.consumer.min.heartbeat.interval.ms=100
+group.consumer.heartbeat.interval.ms=1000
 log.cleaner.dedupe.buffer.size=1048577
 # The cleaner sleeps 15 s between runs by default; tests of compacted topics wait for it.
 log.cleaner.backoff.ms=500

@@ -132,7 +132,7 @@ export interface Config extends ConnectionConfig {
    *
    * @since 0.3.0
    */
-  readonly rebalance?: "eager" | "cooperative" | undefined
+  readonly rebalance?: "eager" | "cooperative" | "consumer" | undefined
 }
 
 /**
@@ -156,10 +156,7 @@ export const layer = (config: Config): Layer.Layer<Driver, InvalidConfig> =>
         maxBytesPerPartition: (yield* positiveInteger("maxBytesPerPartition", config.maxBytesPerPartition)) ??
           1024 * 1024,
         readUncommitted: config.readUncommitted ?? false,
-        rebalance: yield* rebalanceProtocol(config.rebalance, ["eager", "cooperative"], {
-          consumer: "\"consumer\" (KIP-848) is not supported on @platformatic/kafka: the client acknowledges a " +
-            "revocation before the application released the partition; use \"cooperative\""
-        })
+        rebalance: yield* rebalanceProtocol(config.rebalance, ["eager", "cooperative", "consumer"], {})
       }
       return Driver.of({ connect: (options) => session.connect(settings, options) })
     })

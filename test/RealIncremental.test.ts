@@ -31,7 +31,9 @@ interface Journal {
   readonly events: Array<{ readonly at: number; readonly kind: "assign" | "revoke"; member: string; partition: number }>
 }
 
-const member = (rebalance: "eager" | "cooperative", topic: string, groupId: string, name: string, journal: Journal) =>
+type Protocol = "eager" | "cooperative" | "consumer"
+
+const member = (rebalance: Protocol, topic: string, groupId: string, name: string, journal: Journal) =>
   Consumer.run(
     {
       groupId,
@@ -92,7 +94,7 @@ const longestPause = (journal: Journal, partition: number, from: number, to: num
   return Math.max(longest, to - last)
 }
 
-const joinOfFourth = (rebalance: "eager" | "cooperative") =>
+const joinOfFourth = (rebalance: Protocol) =>
   Effect.gen(function*() {
     const topic = unique(`join-${rebalance}`)
     const groupId = `${topic}-group`
@@ -132,9 +134,9 @@ const joinOfFourth = (rebalance: "eager" | "cooperative") =>
     const eventsBefore = journal.events.length
     const joinedAt = Date.now()
     const d = yield* member(rebalance, topic, groupId, "d", journal)
-    // Under cooperative, more revokes than the new member's share end the wait at once: the assertions below say why.
+    // Under cooperative and consumer, more revokes than the new member's share end the wait at once: the assertions below say why.
     const tooMany = Effect.sync(() =>
-      rebalance === "cooperative" &&
+      rebalance !== "eager" &&
       journal.events.slice(eventsBefore).filter((e) => e.kind === "revoke").length > Math.ceil(6 / 4)
     )
     yield* eventually(
@@ -171,43 +173,54 @@ const joinOfFourth = (rebalance: "eager" | "cooperative") =>
 if (brokers) {
   describe("incremental rebalances on the real broker (@platformatic/kafka)", () => {
     it.live(
-      "a fourth member joins three on six partitions: cooperative revokes at most ceil(6/4) and the partitions that stay are not paused; eager revokes all six and pauses each (same run)",
+      "a fourth member joins three on six partitions: cooperative and consumer (KIP-848) revoke at most ceil(6/4) and the partitions that stay are not paused; eager revokes all six and pauses each (same run)",
       () =>
         Effect.gen(function*() {
           const eager = yield* joinOfFourth("eager")
-          const cooperative = yield* joinOfFourth("cooperative")
-          const staying = PARTITIONS.filter((p) => !cooperative.revoked.includes(p))
-          const moved = cooperative.revoked
+          const incremental = [
+            ["cooperative", yield* joinOfFourth("cooperative")],
+            ["consumer", yield* joinOfFourth("consumer")]
+          ] as const
           const line = (name: string, o: typeof eager, which: ReadonlyArray<number>) =>
             `${name}: ${o.revoked.length} revoked, assigned ${
               JSON.stringify(o.reassigned)
             }, join ${o.joinMillis} ms, ` +
             `longest pause per partition ${JSON.stringify(Object.fromEntries(which.map((p) => [p, o.pauses.get(p)])))}`
-          console.log(
-            `${line("eager", eager, PARTITIONS)}\n${line("cooperative, staying", cooperative, staying)}\n` +
-              `${line("cooperative, moved", cooperative, moved)}`
-          )
-          const detail = JSON.stringify(cooperative.during)
+          console.log([
+            line("eager", eager, PARTITIONS),
+            ...incremental.flatMap(([name, o]) => [
+              line(`${name}, staying`, o, PARTITIONS.filter((p) => !o.revoked.includes(p))),
+              line(`${name}, moved`, o, o.revoked)
+            ])
+          ].join("\n"))
           // Eager: all six revoked and assigned again.
           assert.strictEqual(eager.revoked.length, 6, JSON.stringify(eager.during))
-          // Cooperative: only what the new member gets is revoked, and only that is assigned again, to it.
-          assert.isAtLeast(moved.length, 1, detail)
-          assert.isAtMost(moved.length, Math.ceil(6 / 4), detail)
-          assert.sameMembers(cooperative.reassigned, moved.map((p) => `d ${p}`), detail)
-          for (const p of moved) {
-            const revokeEnd = cooperative.during.find((e) => e.kind === "revoke" && e.partition === p)!.at
-            const assigned = cooperative.during.find((e) => e.kind === "assign" && e.partition === p)!.at
-            assert.isAtLeast(assigned, revokeEnd, `t-${p}: assigned to d before its old owner's revoke ended`)
-          }
-          // The partitions that stay: no pause longer than a poll's wait, and shorter than every eager pause.
           const eagerShortest = Math.min(...PARTITIONS.map((p) => eager.pauses.get(p)!))
-          for (const p of staying) {
-            const pause = cooperative.pauses.get(p)!
-            assert.isBelow(pause, 1_000, `t-${p} stayed with its owner and paused ${pause} ms`)
-            assert.isBelow(pause, eagerShortest, `t-${p}: ${pause} ms, eager's shortest ${eagerShortest} ms`)
+          for (const [name, o] of incremental) {
+            const detail = `${name}: ${JSON.stringify(o.during)}`
+            const moved = o.revoked
+            // Only what the new member gets is revoked, and only that is assigned again, to it.
+            assert.isAtLeast(moved.length, 1, detail)
+            assert.isAtMost(moved.length, Math.ceil(6 / 4), detail)
+            assert.sameMembers(o.reassigned, moved.map((p) => `d ${p}`), detail)
+            for (const p of moved) {
+              const revokeEnd = o.during.find((e) => e.kind === "revoke" && e.partition === p)!.at
+              const assigned = o.during.find((e) => e.kind === "assign" && e.partition === p)!.at
+              assert.isAtLeast(
+                assigned,
+                revokeEnd,
+                `${name}, t-${p}: assigned to d before its old owner's revoke ended`
+              )
+            }
+            // The partitions that stay: no pause longer than a poll's wait, and shorter than every eager pause.
+            for (const p of PARTITIONS.filter((p) => !moved.includes(p))) {
+              const pause = o.pauses.get(p)!
+              assert.isBelow(pause, 1_000, `${name}: t-${p} stayed with its owner and paused ${pause} ms`)
+              assert.isBelow(pause, eagerShortest, `${name}, t-${p}: ${pause} ms, eager's shortest ${eagerShortest} ms`)
+            }
           }
-          // Each record handled once under both: every revoke's final commit landed before the new owner read.
-          for (const o of [eager, cooperative]) {
+          // Each record handled once under each: every revoke's final commit landed before the new owner read.
+          for (const o of [eager, ...incremental.map(([, o]) => o)]) {
             let total = 0
             for (const [p, list] of o.journal.handled) {
               const offsets = list.map((h) => h.offset)

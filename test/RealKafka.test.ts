@@ -65,18 +65,19 @@ const drivers: ReadonlyArray<DriverName> = ["kafkajs", "platformatic"]
 
 /**
  * The process runs of every policy: on both drivers with eager rebalances, and on @platformatic/kafka with
- * cooperative ones, where members also join and leave while records flow.
+ * cooperative and consumer (KIP-848) ones, where members also join and leave while records flow.
  */
 const groups: ReadonlyArray<{ readonly driver: DriverName; readonly rebalance: Rebalance }> = [
   { driver: "kafkajs", rebalance: "eager" },
   { driver: "platformatic", rebalance: "eager" },
-  { driver: "platformatic", rebalance: "cooperative" }
+  { driver: "platformatic", rebalance: "cooperative" },
+  { driver: "platformatic", rebalance: "consumer" }
 ]
 
 if (brokers) {
   describe("every policy against a real broker, members as processes", () => {
     for (const { driver, rebalance } of groups) {
-      const moving = rebalance === "cooperative"
+      const moving = rebalance !== "eager"
       it.live(
         `SIGKILL on ${driver}, ${rebalance} rebalances: 3 members on 6 partitions, 20,000 records, 20 kills per policy${
           moving ? ", two members join and one leaves" : ""

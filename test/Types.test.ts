@@ -229,8 +229,9 @@ describe("the producer's signatures", () => {
     Platformatic.layer({ brokers: ["h:1"], sessionTimeout: "10 seconds" })
     // The rebalance protocols each driver can keep the library's promises with, and no other.
     Platformatic.layer({ brokers: ["h:1"], rebalance: "cooperative" })
-    // @ts-expect-error @platformatic/kafka acknowledges a KIP-848 revocation before the partition is released
     Platformatic.layer({ brokers: ["h:1"], rebalance: "consumer" })
+    // @ts-expect-error no such protocol
+    Platformatic.layer({ brokers: ["h:1"], rebalance: "sticky" })
     KafkaJs.layer({ brokers: ["h:1"], rebalance: "eager" })
     // @ts-expect-error kafkajs rebalances eagerly only
     KafkaJs.layer({ brokers: ["h:1"], rebalance: "cooperative" })

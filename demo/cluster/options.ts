@@ -15,10 +15,10 @@ export type DriverName = "kafkajs" | "platformatic"
 
 export const driverNames: ReadonlyArray<DriverName> = ["kafkajs", "platformatic"]
 
-/** How the members' group rebalances on a real broker: `cooperative` on @platformatic/kafka only. */
-export type RealRebalance = "eager" | "cooperative"
+/** How the members' group rebalances on a real broker: `cooperative` and `consumer` on @platformatic/kafka only. */
+export type RealRebalance = "eager" | "cooperative" | "consumer"
 
-export const realRebalances: ReadonlyArray<RealRebalance> = ["eager", "cooperative"]
+export const realRebalances: ReadonlyArray<RealRebalance> = ["eager", "cooperative", "consumer"]
 
 export const orderings: ReadonlyArray<Ordering> = ["partition", "key", "unordered"]
 
@@ -82,7 +82,7 @@ const usage = "usage: member.ts --brokers host:port --topic T --group G " +
   "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
   "[--session-timeout-millis MS] [--ordering partition|key|unordered] [--concurrency N] [--dead-letter-topic T] " +
   "[--retry-delays MS,MS] " +
-  "[--supervised] [--driver kafkajs|platformatic] [--rebalance eager|cooperative] [--static-membership] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
+  "[--supervised] [--driver kafkajs|platformatic] [--rebalance eager|cooperative|consumer] [--static-membership] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
 
 /** Reads the member's settings from its arguments, with `KAFKA_BROKERS` and `DATABASE_URL` as fallbacks. */
 export const parse = (

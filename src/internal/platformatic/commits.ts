@@ -22,8 +22,27 @@ export interface Group {
   readonly isStatic: boolean
   readonly owns: (key: string) => boolean
   readonly isClosed: () => boolean
+  /**
+   * Who commits: the generation (classic) or member epoch (KIP-848), the member id and the instance id, as they are
+   * now.
+   */
+  readonly identity: () => Identity
   coordinator: number | undefined
 }
+
+/** @internal */
+export interface Identity {
+  readonly generation: number
+  readonly memberId: string
+  readonly instanceId: string | null
+}
+
+/** A classic member's identity, as its client keeps it. @internal */
+export const classicIdentity = (consumer: Consumer) => (): Identity => ({
+  generation: consumer.generationId,
+  memberId: consumer.memberId ?? "",
+  instanceId: consumer.groupInstanceId
+})
 
 /** The connection to the group's coordinator, found again after it moved. */
 const coordinatorConnection = async (g: Group): Promise<Connection> => {
@@ -79,8 +98,8 @@ export const commit = (g: Group, offsets: OffsetBatch.OffsetBatch): Effect.Effec
         committedMetadata: offsets.metadata?.get(TopicPartition.key(tp)) ?? null
       })
     }
-    const generation = g.isStatic ? -1 : g.consumer.generationId
-    const memberId = g.isStatic ? "" : g.consumer.memberId ?? ""
+    const identity = g.isStatic ? { generation: -1, memberId: "", instanceId: null } : g.identity()
+    const { generation, memberId } = identity
     return Effect.tryPromise({
       try: async () => {
         const connection = await coordinatorConnection(g)
@@ -90,7 +109,7 @@ export const commit = (g: Group, offsets: OffsetBatch.OffsetBatch): Effect.Effec
           generation,
           memberId,
           // A static member's commits name it: a member its restart replaced is fenced (FENCED_INSTANCE_ID).
-          g.isStatic ? null : g.consumer.groupInstanceId,
+          identity.instanceId,
           Array.from(topics, ([name, list]) => ({ name, partitions: list }))
         )
       },
@@ -100,12 +119,13 @@ export const commit = (g: Group, offsets: OffsetBatch.OffsetBatch): Effect.Effec
         // Sent with the generation the member had, which a rebalance the member took part in has replaced since
         // (a cooperative rebalance's partitions that stay commit throughout it): the member is still in the group
         // and its partitions still its own, so the commit is tried again with the new generation.
-        return failed.reason === "IllegalGeneration" && !g.isStatic && g.consumer.memberId === memberId &&
-            g.consumer.generationId !== generation
+        const now = g.isStatic ? identity : g.identity()
+        return failed.reason === "IllegalGeneration" && !g.isStatic && now.memberId === memberId &&
+            now.generation !== generation
           ? new CommitFailed({
             reason: "RebalanceInProgress",
             partitions: failed.partitions,
-            detail: `sent with generation ${generation}, now ${g.consumer.generationId}: ${failed.detail ?? ""}`
+            detail: `sent with generation ${generation}, now ${now.generation}: ${failed.detail ?? ""}`
           })
           : failed
       }

@@ -33,6 +33,7 @@ import type { ClientOptions } from "./config.js"
 import { cooperativeStickyAssigner } from "./assignor.js"
 import { apiIds, describe, driverError, isRetriable, isUnknownTopic } from "./errors.js"
 import { type Fetcher, makeFetcher } from "./fetcher.js"
+import * as kip848 from "./kip848.js"
 
 /** Consumer settings that are fixed for every session of one layer. @internal */
 export interface ConsumerSettings {
@@ -43,7 +44,7 @@ export interface ConsumerSettings {
   readonly maxBytes: number
   readonly maxBytesPerPartition: number
   readonly readUncommitted: boolean
-  readonly rebalance: "eager" | "cooperative"
+  readonly rebalance: "eager" | "cooperative" | "consumer"
 }
 
 interface Session {
@@ -59,6 +60,8 @@ interface Session {
   held: (() => void) | undefined
   /** A newer member joined with this member's instance id (FENCED_INSTANCE_ID). */
   fenced: DriverError | undefined
+  /** Under `consumer` (KIP-848): the member the driver runs. */
+  member: kip848.Kip848Member | undefined
   readonly log: (level: "debug" | "info" | "warning", message: string) => void
 }
 
@@ -238,6 +241,62 @@ const join = (s: Session, plan: Plan): Effect.Effect<void, DriverError> =>
     }
   })
 
+/** Under `consumer` (KIP-848): the driver's own member joins, and tells the session what it owns. */
+const joinKip848 = (s: Session, plan: Plan, options: SessionOptions): Effect.Effect<void, DriverError> =>
+  Effect.gen(function*() {
+    const member = kip848.start({
+      consumer: s.consumer,
+      groupId: options.groupId,
+      instanceId: options.groupInstanceId ?? null,
+      topics: plan.topics,
+      rebalanceTimeout: plan.rebalanceTimeout
+    }, {
+      assigned: (partitions) => {
+        s.joined = true
+        s.fetcher.add(partitions)
+        push(s, { _tag: "Assigned", partitions: sorted(partitions) })
+      },
+      revoked: (partitions, release) => {
+        // Owned until released: their commits are still the member's, but nothing more is fetched or handed over.
+        for (const tp of partitions) s.fetcher.stop(tp)
+        push(s, {
+          _tag: "Revoked",
+          partitions: sorted(partitions),
+          release: Effect.sync(() => {
+            s.fetcher.remove(partitions)
+            release()
+          })
+        })
+      },
+      lost: (partitions) => {
+        s.fetcher.remove(partitions)
+        push(s, { _tag: "Lost", partitions: sorted(partitions) })
+      },
+      failed: (error) => {
+        if (s.closed) return
+        s.failure ??= error
+        wake(s)
+      },
+      log: s.log
+    })
+    s.member = member
+    yield* Effect.tryPromise({ try: () => member.joined, catch: driverError("connect") }).pipe(
+      Effect.timeoutFail({
+        duration: Duration.millis(plan.rebalanceTimeout),
+        onTimeout: () =>
+          new DriverError({
+            operation: "connect",
+            reason: `the group did not answer a KIP-848 join within ${plan.rebalanceTimeout} ms`,
+            retriable: true
+          })
+      })
+    )
+    if (!s.joined) {
+      s.joined = true
+      push(s, { _tag: "Assigned", partitions: [] })
+    }
+  })
+
 const close = (s: Session, pool: ConnectionPool): Effect.Effect<void> =>
   Effect.gen(function*() {
     s.closed = true
@@ -250,6 +309,13 @@ const close = (s: Session, pool: ConnectionPool): Effect.Effect<void> =>
         Effect.timeoutOption("10 seconds"),
         Effect.catchAll((error) => Effect.logWarning(`@platformatic/kafka ${what} failed: ${error.reason}`))
       )
+    const member = s.member
+    if (member !== undefined) {
+      yield* step("leaveGroup", () => member.leave())
+      yield* step("close", () => s.consumer.close(true))
+      yield* step("close", () => pool.close())
+      return
+    }
     const leave = () =>
       new Promise<void>((resolve, reject) =>
         s.consumer.leaveGroup(true, (error) => error === null || error === undefined ? resolve() : reject(error))
@@ -302,7 +368,9 @@ const poll = (s: Session, plan: Plan): Effect.Effect<ReadonlyArray<DriverEvent>,
 
 const driverSession = (s: Session, plan: Plan): DriverSession => ({
   get memberId() {
-    return s.group.isStatic ? `static-${s.consumer.clientId}` : s.consumer.memberId ?? ""
+    return s.group.isStatic
+      ? `static-${s.consumer.clientId}`
+      : s.member?.memberId ?? s.consumer.memberId ?? ""
   },
   poll: poll(s, plan),
   commit: (batch) => commits.commit(s.group, batch),
@@ -397,6 +465,10 @@ export const connect = (
         isStatic: plan.isStatic,
         owns: (key) => fetcher.partitions.has(key),
         isClosed: () => s.closed,
+        identity: () =>
+          s.member === undefined
+            ? commits.classicIdentity(consumer)()
+            : { generation: s.member.epoch(), memberId: s.member.memberId, instanceId: options.groupInstanceId ?? null },
         coordinator: undefined
       },
       fetcher,
@@ -407,6 +479,7 @@ export const connect = (
       failure: undefined,
       held: undefined,
       fenced: undefined,
+      member: undefined,
       log
     }
     const hold = holdRejoin(s, plan, settings.rebalance === "cooperative")
@@ -437,6 +510,8 @@ export const connect = (
       s.joined = true
       fetcher.add(plan.requested)
       s.events.push({ _tag: "Assigned", partitions: plan.requested })
+    } else if (settings.rebalance === "consumer") {
+      yield* joinKip848(s, plan, options)
     } else {
       consumer.topics.trackAll(...plan.topics)
       yield* join(s, plan)

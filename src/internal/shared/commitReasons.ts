@@ -21,7 +21,12 @@ export const commitReasonOfProtocol = (type: string | undefined): CommitFailed["
     case "NETWORK_EXCEPTION":
       return "Disconnected"
     case "ILLEGAL_GENERATION":
+    // KIP-848: the member's epoch is not the group's any more (it was evicted).
+    case "FENCED_MEMBER_EPOCH":
       return "IllegalGeneration"
+    // KIP-848: sent with an epoch a later heartbeat replaced; the member still owns its partitions.
+    case "STALE_MEMBER_EPOCH":
+      return "RebalanceInProgress"
     case "UNKNOWN_MEMBER_ID":
       return "UnknownMember"
     // A newer member joined with this member's instance id (KIP-345): a rejoin would fence it in turn, so the
