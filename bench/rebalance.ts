@@ -2,8 +2,8 @@
  * Benchmark 13: what a membership change costs. Three members read a backlog on 6 partitions with a handler that
  * takes a fixed time per chunk (so the group's rate is the handlers' rate, not the broker's); once they run steadily a
  * fourth member joins. The figure is the records handled per second in the seconds after the join began, against the
- * same group's rate in the seconds before it: eager against cooperative on the real broker (@platformatic/kafka), and
- * eager against cooperative against consumer (KIP-848) on the in-memory broker.
+ * same group's rate in the seconds before it: eager, cooperative and consumer (KIP-848) on the real broker
+ * (@platformatic/kafka) and on the in-memory broker.
  */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -126,7 +126,9 @@ export const joinCostKafka = (
     const runs = [
       { id: "eager", rebalance: "eager", heartbeat: undefined },
       { id: "cooperative", rebalance: "cooperative", heartbeat: undefined },
-      { id: "cooperative-hb500", rebalance: "cooperative", heartbeat: "500 millis" }
+      { id: "cooperative-hb500", rebalance: "cooperative", heartbeat: "500 millis" },
+      // KIP-848: the heartbeat is the broker's (`group.consumer.heartbeat.interval.ms`).
+      { id: "consumer", rebalance: "consumer", heartbeat: undefined }
     ] as const
     const variants = await compare(
       plan,

@@ -4,7 +4,8 @@
  * else imports it.
  *
  * The client keeps the group membership (the classic protocol; eager rebalances by default, cooperative-sticky with
- * `rebalance: "cooperative"`); the driver keeps the library's promises through its public API:
+ * `rebalance: "cooperative"`; under `rebalance: "consumer"`, KIP-848, the driver runs the member itself on the
+ * client's exported API); the driver keeps the library's promises through its public API:
  *
  * - A rebalance's revoked partitions go to another member only after the runloop released them: the client asks
  *   for the member's user data (`protocolsMetadata`) before each JoinGroup and waits for the answer, which comes after
@@ -126,9 +127,13 @@ export interface Config extends ConnectionConfig {
    * - `"cooperative"`: the classic protocol with the cooperative-sticky assignor (KIP-429). Only the partitions that
    *   move are revoked; the others keep their workers and their fetching through the rebalance. Every member of a
    *   group must use the same choice.
-   * - `"consumer"` (KIP-848) is refused with `InvalidConfig`: the client acknowledges a revocation to the broker
-   *   before the application has released the partition, so a new owner could start before the old owner's final
-   *   commit.
+   * - `"consumer"` (KIP-848, Kafka 4's group protocol): the broker assigns, and moves partitions one at a time. The
+   *   driver runs the member itself, on the client's exported ConsumerGroupHeartbeat API (the client's own member
+   *   acknowledges a revocation before the application released the partition): a revoked partition is reported as
+   *   owned, heartbeat after heartbeat, until `release`, and the heartbeat that leaves it out goes at once. The
+   *   session timeout and heartbeat interval are the broker's (`group.consumer.session.timeout.ms`,
+   *   `group.consumer.heartbeat.interval.ms`, or the group's own configs): a consumer's `sessionTimeout` does not
+   *   apply.
    *
    * @since 0.3.0
    */

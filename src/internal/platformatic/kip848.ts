@@ -97,7 +97,11 @@ const connection = async (st: State): Promise<Connection> => {
   const found = (await consumer.connectToBrokers([id])).get(id)
   if (found === undefined) {
     st.coordinator = undefined
-    throw new DriverError({ operation: "heartbeat", reason: `the coordinator (broker ${id}) is not known`, retriable: true })
+    throw new DriverError({
+      operation: "heartbeat",
+      reason: `the coordinator (broker ${id}) is not known`,
+      retriable: true
+    })
   }
   return found
 }

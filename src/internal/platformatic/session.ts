@@ -468,7 +468,11 @@ export const connect = (
         identity: () =>
           s.member === undefined
             ? commits.classicIdentity(consumer)()
-            : { generation: s.member.epoch(), memberId: s.member.memberId, instanceId: options.groupInstanceId ?? null },
+            : {
+              generation: s.member.epoch(),
+              memberId: s.member.memberId,
+              instanceId: options.groupInstanceId ?? null
+            },
         coordinator: undefined
       },
       fetcher,
