@@ -45,20 +45,28 @@ export const classicIdentity = (consumer: Consumer) => (): Identity => ({
 })
 
 /** The connection to the group's coordinator, found again after it moved. */
-const coordinatorConnection = async (g: Group): Promise<Connection> => {
-  const id = g.coordinator ?? g.consumer.coordinatorId ?? await g.consumer.findGroupCoordinator()
-  g.coordinator = id
-  const connection = (await g.consumer.connectToBrokers([id])).get(id)
+/**
+ * The connection to the group's coordinator, on the consumer's own connections; `holder` keeps which broker it is,
+ * forgotten when it is not known any more.
+ *
+ * @internal
+ */
+export const connectCoordinator = async (
+  holder: { coordinator: number | undefined },
+  consumer: Consumer,
+  operation: string
+): Promise<Connection> => {
+  const id = holder.coordinator ?? consumer.coordinatorId ?? await consumer.findGroupCoordinator()
+  holder.coordinator = id
+  const connection = (await consumer.connectToBrokers([id])).get(id)
   if (connection === undefined) {
-    g.coordinator = undefined
-    throw new DriverError({
-      operation: "coordinator",
-      reason: `the coordinator (broker ${id}) is not known`,
-      retriable: true
-    })
+    holder.coordinator = undefined
+    throw new DriverError({ operation, reason: `the coordinator (broker ${id}) is not known`, retriable: true })
   }
   return connection
 }
+
+const coordinatorConnection = (g: Group): Promise<Connection> => connectCoordinator(g, g.consumer, "coordinator")
 
 const forgetMovedCoordinator = (g: Group, error: unknown) => {
   const ids = apiIds(error)

@@ -16,9 +16,10 @@
  *
  * @internal
  */
-import { type Connection, type Consumer, consumerGroupHeartbeatV1 } from "@platformatic/kafka"
+import { type Consumer, consumerGroupHeartbeatV1 } from "@platformatic/kafka"
 import { DriverError } from "../../KafkaError.js"
 import * as TopicPartition from "../../TopicPartition.js"
+import { connectCoordinator } from "./commits.js"
 import { apiIds, describe } from "./errors.js"
 
 /** What the member tells its session. @internal */
@@ -90,21 +91,7 @@ const refreshTopics = async (st: State): Promise<void> => {
   }
 }
 
-const connection = async (st: State): Promise<Connection> => {
-  const { consumer } = st.settings
-  const id = st.coordinator ?? await consumer.findGroupCoordinator()
-  st.coordinator = id
-  const found = (await consumer.connectToBrokers([id])).get(id)
-  if (found === undefined) {
-    st.coordinator = undefined
-    throw new DriverError({
-      operation: "heartbeat",
-      reason: `the coordinator (broker ${id}) is not known`,
-      retriable: true
-    })
-  }
-  return found
-}
+const connection = (st: State) => connectCoordinator(st, st.settings.consumer, "heartbeat")
 
 const ownedByTopic = (st: State) => {
   const byTopic = new Map<string, Array<number>>()

@@ -110,9 +110,7 @@ const heartbeatWhileHeld = async (s: Session, interval: number, until: Promise<v
     clearTimeout(timer)
     if (done || s.closed) return
     try {
-      const id = consumer.coordinatorId ?? await consumer.findGroupCoordinator()
-      const connection = (await consumer.connectToBrokers([id])).get(id)
-      if (connection === undefined) continue
+      const connection = await commits.connectCoordinator({ coordinator: undefined }, consumer, "heartbeat")
       await heartbeatV4.api.async(connection, consumer.groupId, generation, memberId, consumer.groupInstanceId)
     } catch (error) {
       const ids = apiIds(error)
