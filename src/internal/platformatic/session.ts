@@ -289,10 +289,8 @@ const joinKip848 = (s: Session, plan: Plan, options: SessionOptions): Effect.Eff
           })
       })
     )
-    if (!s.joined) {
-      s.joined = true
-      push(s, { _tag: "Assigned", partitions: [] })
-    }
+    // A member the group gives nothing yet (its partitions are still being revoked elsewhere) hears of them later.
+    s.joined = true
   })
 
 const close = (s: Session, pool: ConnectionPool): Effect.Effect<void> =>
