@@ -94,7 +94,7 @@ const smoke: Sizes = {
   },
   observability: { inMemoryRecords: 20_000, kafkaRecords: 3_000, partitions: 6 },
   drivers: { consumerRecords: 3_000, producerRecords: 3_000, partitions: 6 },
-  rebalance: { records: 60_000, partitions: 6, beforeMillis: 500, acrossMillis: 1_500 }
+  rebalance: { records: 100_000, partitions: 6, beforeMillis: 500, acrossMillis: 1_500 }
 }
 
 export interface Options {

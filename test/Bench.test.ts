@@ -46,7 +46,9 @@ const expected = [
   "observability-inmemory",
   "observability-kafka",
   "drivers-consumer",
-  "drivers-producer"
+  "drivers-producer",
+  "rebalance-inmemory",
+  "rebalance-kafka"
 ]
 
 const runSmoke = (json: string) =>
