@@ -213,7 +213,8 @@ export interface TransactionalSettings extends Omit<Settings, "acks" | "idempote
  *
  * When the layer starts, the producer fences every earlier producer with the same `transactionalId`: a zombie
  * (a paused or partitioned instance the rest of the system has replaced) can commit nothing after that. Its sends fail
- * with `ProduceFailed` (`Fenced`), its commits with `TransactionFailed` (`Fenced`).
+ * with `ProduceFailed` (`Fenced`), its commits with `TransactionFailed` (`Fenced`); a transaction with a fenced send
+ * fails with `TransactionFailed` (`Fenced`) even when `body` failed or caught the send's failure.
  *
  * @since 0.1.0
  * @category tags

@@ -132,6 +132,109 @@ describe("kafkaTransactional on the in-memory broker", () => {
       assert.strictEqual((yield* kafka.committed(groupId)).get(`${topic}-0`), 5n)
     }).pipe(Effect.provide(InMemoryKafka.layer())))
 
+  // Another member takes the partition and commits its records 0 to 7 (position 8) in a transaction of the partition's
+  // transactional id, while this member still handles the chunk 0 to 4: what this member does next must not write
+  // any of 0 to 7 again.
+  const takeover = (topic: string, groupId: string) =>
+    Effect.flatMap(
+      Producer.TransactionalProducers,
+      (factory) =>
+        Effect.scoped(Effect.flatMap(factory.make(`${groupId}-${topic}-0`), (other) =>
+          other.transaction(
+            Producer.sendAll(Array.from({ length: 8 }, (_, i) => ({ topic: outputTopic(topic), value: String(i) }))),
+            { offsets: { groupId, positions: [{ topic, partition: 0, next: 8n }] } }
+          )))
+    )
+
+  const exactlyOnceAfterTakeover = (
+    name: string,
+    policy: Layer.Layer<CommitPolicy.CommitPolicy | Producer.Producer, unknown, InMemoryKafka.InMemoryKafka>,
+    handler: (topic: string, groupId: string, records: Chunk.Chunk<ConsumerRecord>, first: boolean) => Effect.Effect<
+      void,
+      unknown,
+      Producer.Producer | Producer.TransactionalProducers
+    >
+  ) =>
+    Effect.gen(function*() {
+      const kafka = yield* InMemoryKafka.InMemoryKafka
+      const topic = `${name}-${crypto.randomUUID().slice(0, 6)}`
+      const groupId = `${topic}-group`
+      yield* kafka.createTopic(topic, 1)
+      yield* kafka.createTopic(outputTopic(topic), 1)
+      yield* kafka.produce(topic, Array.from({ length: 10 }, (_, i) => ({ value: String(i) })))
+      let calls = 0
+      const factory = yield* Effect.provide(
+        Producer.TransactionalProducers,
+        InMemoryKafka.layerTransactionalProducers()
+      )
+      const consumer = yield* Consumer.run(
+        { groupId, topics: [topic], maxPollRecords: 5 },
+        (records) =>
+          handler(topic, groupId, records, calls++ === 0).pipe(
+            Effect.provideService(Producer.TransactionalProducers, factory)
+          )
+      ).pipe(Effect.provide(policy), Effect.fork)
+      const done = Effect.map(kafka.committed(groupId), (c) => c.get(`${topic}-0`) === 10n)
+      for (let i = 0; i < 2000 && !(yield* done); i++) yield* Effect.sleep("5 millis")
+      assert.isTrue(yield* done, "the consumer committed every record")
+      yield* Fiber.interrupt(consumer)
+      const output = yield* readCommitted(outputTopic(topic), 1)
+      assert.deepStrictEqual(output.map(valueString), Array.from({ length: 10 }, (_, i) => String(i)))
+    })
+
+  it.live(
+    "a transaction whose outcome is unknown, while another member took the partition and went on: the member joins " +
+      "again and goes on from the other's position, writing nothing twice",
+    () =>
+      Effect.gen(function*() {
+        // The first transaction of the partition's producer: the other member takes over, then the commit's outcome
+        // is unknown to this member (a timeout).
+        let first = true
+        const unknownOutcome = Layer.effect(
+          Producer.TransactionalProducers,
+          Effect.map(Producer.TransactionalProducers, (inner) => ({
+            make: (id: string) =>
+              Effect.map(inner.make(id), (producer) => ({
+                transactionalId: producer.transactionalId,
+                transaction: <A, E, R>(
+                  body: Effect.Effect<A, E, R>,
+                  options?: { readonly offsets?: Producer.TransactionOffsets | undefined }
+                ) => {
+                  if (!first) return producer.transaction(body, options)
+                  first = false
+                  const [topic, groupId] = [options!.offsets!.positions[0]!.topic, options!.offsets!.groupId]
+                  return Effect.zipRight(
+                    Effect.orDie(
+                      Effect.provideService(takeover(topic, groupId), Producer.TransactionalProducers, inner)
+                    ),
+                    Effect.fail(new TransactionFailed({ transactionalId: id, operation: "commit", reason: "Timeout" }))
+                  )
+                }
+              }))
+          }))
+        ).pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers()))
+        yield* exactlyOnceAfterTakeover(
+          "unknown-outcome",
+          CommitPolicy.kafkaTransactional().pipe(Layer.provide(unknownOutcome)),
+          (topic, _groupId, records) =>
+            Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: valueString(r) })))
+        )
+      }).pipe(Effect.provide(InMemoryKafka.layer())),
+    { timeout: 60_000 }
+  )
+
+  it.live(
+    "a send refused because another member took the partition fails the transaction as fenced, even when the " +
+      "handler fails with it: the member joins again rather than retry the chunk, writing nothing twice",
+    () =>
+      exactlyOnceAfterTakeover("fenced-send", policy, (topic, groupId, records, first) =>
+        Effect.zipRight(
+          first ? takeover(topic, groupId) : Effect.void,
+          Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: valueString(r) })))
+        )).pipe(Effect.provide(InMemoryKafka.layer())),
+    { timeout: 60_000 }
+  )
+
   it.live("outside a handler the policy's Producer has no transaction: a send fails, saying so", () =>
     Effect.gen(function*() {
       const error = yield* Effect.flip(Producer.send({ topic: "t", value: "v" }))

@@ -6,14 +6,17 @@
  *
  * @internal
  */
+import * as Chunk from "effect/Chunk"
 import * as Clock from "effect/Clock"
 import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import type { CommitPolicy, PolicyContext, PolicyError, PolicyInstance } from "../../CommitPolicy.js"
+import type { ConsumerRecord } from "../../ConsumerRecord.js"
 import { ProduceFailed, TransactionFailed } from "../../KafkaError.js"
 import { Producer, type TransactionalProducer, TransactionalProducers } from "../../Producer.js"
 import * as TopicPartition from "../../TopicPartition.js"
@@ -44,8 +47,14 @@ const unsettled = (error: unknown): error is TransactionFailed =>
   (error.reason === "Timeout" || error.reason === "Disconnected" || error.reason === "Other")
 
 interface Owned {
-  readonly producer: Context.Tag.Service<typeof TransactionalProducer>
-  readonly scope: Scope.CloseableScope
+  producer: Context.Tag.Service<typeof TransactionalProducer>
+  scope: Scope.CloseableScope
+  /**
+   * A transaction of this producer failed: before the next, the policy starts the partition's producer anew and reads
+   * the committed position (`resume`). A producer never starts anew by itself: that would fence the partition's
+   * owner, were this member a zombie, and go on from a position other members may have moved past.
+   */
+  failed: boolean
 }
 
 /** The producers of one consumer session's owned partitions. */
@@ -65,23 +74,64 @@ const close = (producers: Producers, partitions: ReadonlyArray<TopicPartition.To
     return Scope.close(o.scope, Exit.void)
   }, { concurrency: "unbounded", discard: true })
 
-// Starting the partition's producer fences every earlier owner and ends its open transaction.
+// Starting the partition's producer fences every earlier owner and ends its open transaction. Started anew, it takes
+// the place of the partition's earlier one, unless the partition was revoked meanwhile.
 const open = (producers: Producers, tp: TopicPartition.TopicPartition) =>
   Effect.gen(function*() {
-    yield* close(producers, [tp])
+    const k = TopicPartition.key(tp)
+    const earlier = producers.owned.get(k)
+    if (earlier !== undefined) yield* Scope.close(earlier.scope, Exit.void)
     const scope = yield* Scope.make()
     const id = `${producers.prefix}${producers.context.groupId}-${tp.topic}-${tp.partition}`
     const producer = yield* producers.factory.make(id).pipe(
       Scope.extend(scope),
       Effect.onError(() => Scope.close(scope, Exit.void))
     )
-    producers.owned.set(TopicPartition.key(tp), { producer, scope })
+    if (earlier === undefined) {
+      producers.owned.set(k, { producer, scope, failed: false })
+    } else if (producers.owned.get(k) === earlier) {
+      earlier.producer = producer
+      earlier.scope = scope
+      earlier.failed = false
+    } else {
+      yield* Scope.close(scope, Exit.void)
+    }
   })
+
+/**
+ * Where a chunk stands, read once its partition's producer has started anew (every earlier producer of the partition
+ * fenced, their open transactions ended): committed (the position is the chunk's end), to handle (nothing of it is
+ * committed), or moved on: the position is inside the chunk or past it, so another member took the partition and went
+ * on. The chunk fails then as fenced, and the member joins again rather than go on from where it was.
+ */
+const standing = (
+  transactionalId: string,
+  partition: TopicPartition.TopicPartition,
+  records: Chunk.Chunk<ConsumerRecord>,
+  next: bigint,
+  position: bigint | undefined
+): Effect.Effect<"committed" | "handle", TransactionFailed> => {
+  if (position === next) return Effect.succeed("committed")
+  const first = Chunk.head(records)
+  if (position === undefined || position < next && (Option.isNone(first) || position <= first.value.offset)) {
+    return Effect.succeed("handle")
+  }
+  return Effect.fail(
+    new TransactionFailed({
+      transactionalId,
+      operation: "init",
+      reason: "Fenced",
+      detail: `${TopicPartition.key(partition)}'s committed position is ${position} while this member handles the ` +
+        `chunk up to ${next}: another member took the partition and went on`
+    })
+  )
+}
 
 /** A chunk in a transaction of its partition's producer, with its position. */
 const processChunk = <E, R>(
   producers: Producers,
   partition: TopicPartition.TopicPartition,
+  records: Chunk.Chunk<ConsumerRecord>,
   next: bigint,
   work: Effect.Effect<void, E, R>,
   retry: Retry
@@ -100,31 +150,46 @@ const processChunk = <E, R>(
       Effect.zipLeft(context.crashAt("afterHandler", [partition])),
       Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
     )
-    const attempt = Effect.suspend(() => {
-      const o = owned.get(k)
-      return o === undefined
-        ? Effect.void
-        : context.observe("transaction", partition, next, o.producer.transaction(body, { offsets }))
-    })
     const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(context.reconnectTimeout)
-    // An unsettled transaction is settled by starting the partition's producer anew: then the committed
-    // position (read stable: a transaction still completing makes the read wait) says whether it
-    // committed. A cluster still away is waited for, up to the chunk's deadline.
-    const settle = Effect.flatMap(Clock.currentTimeMillis, (now) =>
+    // The partition's producer started anew, then the committed position read (stable: a transaction still
+    // completing makes the read wait) says where the chunk stands. A cluster still away is waited for, up to the
+    // chunk's deadline.
+    const resume = Effect.flatMap(Clock.currentTimeMillis, (now) =>
       whileUnreachable(
-        Effect.zipRight(
-          context.guard(open(producers, partition)),
-          Effect.map(context.guard(context.session.committed([partition])), (committed) => {
-            const position = committed.get(k)
-            return position !== undefined && position >= next
-          })
+        Effect.suspend(() =>
+          // A partition revoked meanwhile is not started again: its next owner handles the chunk.
+          owned.has(k)
+            ? Effect.zipRight(
+              context.guard(open(producers, partition)),
+              Effect.flatMap(context.guard(context.session.committed([partition])), (committed) => {
+                const o = owned.get(k)
+                return o === undefined
+                  ? Effect.succeed("revoked" as const)
+                  : standing(o.producer.transactionalId, partition, records, next, committed.get(k))
+              })
+            )
+            : Effect.succeed("revoked" as const)
         ),
         Duration.millis(Math.max(0, deadline - now))
       ))
+    const transaction = Effect.suspend(() => {
+      const o = owned.get(k)
+      return o === undefined
+        ? Effect.void
+        : context.observe("transaction", partition, next, o.producer.transaction(body, { offsets })).pipe(
+          Effect.tapError(() => Effect.sync(() => (o.failed = true)))
+        )
+    })
+    const attempt = Effect.suspend(() =>
+      owned.get(k)?.failed === true
+        ? Effect.flatMap(resume, (stands) => stands === "handle" ? transaction : Effect.void)
+        : transaction
+    )
+    // An unsettled transaction (its outcome unknown) is settled as a failed one is: the next attempt resumes first.
     const run = (delay: number): Effect.Effect<void, E | PolicyError, R> =>
       Effect.catchIf(retry(context.guard(attempt)), unsettled, (error) =>
-        Effect.flatMap(settle, (committed) =>
-          committed ? Effect.void : Effect.flatMap(Clock.currentTimeMillis, (now) =>
+        Effect.flatMap(resume, (stands) =>
+          stands !== "handle" ? Effect.void : Effect.flatMap(Clock.currentTimeMillis, (now) =>
             now >= deadline
               ? Effect.fail(error)
               : Effect.zipRight(
@@ -157,7 +222,8 @@ const instance = (producers: Producers): Effect.Effect<PolicyInstance, never, Sc
         ),
       delivered: () => Effect.void,
       polled: Effect.void,
-      process: (partition, _records, next, work, retry) => processChunk(producers, partition, next, work, retry),
+      process: (partition, records, next, work, retry) =>
+        processChunk(producers, partition, records, next, work, retry),
       revoke: closing,
       lost: closing
     }

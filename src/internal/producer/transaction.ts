@@ -57,7 +57,8 @@ export const transactionFailed = (
  * say). When `body` succeeds and every send succeeded, `offsets` are sent with the transaction and it commits. When a
  * send failed (refused before it was sent, or by the cluster; caught by `body` or not) it is aborted, and so it is when
  * `body` fails or is interrupted: `body`'s own failure is the answer then, `TransactionFailed` (`Aborted`) when `body`
- * succeeded. Sends still in the buffer are written first either way.
+ * succeeded; a send refused because another producer took the transactional id makes it `TransactionFailed` (`Fenced`)
+ * either way. Sends still in the buffer are written first either way.
  *
  * @internal
  */
@@ -89,7 +90,11 @@ export const inTransaction = <A, E, R>(
       if (Exit.isFailure(exit)) {
         yield* Effect.ignore(session.abort)
         telemetry.transactionEnded(observability, "aborted")
-        return yield* Effect.failCause(exit.cause)
+        // A fenced send says more than the body's failure (which it may have caused): another producer took the
+        // transactional id, and this one must not begin again, nor its caller retry as if the body had failed.
+        return yield* failed?.reason === "Fenced"
+          ? transactionFailed(client.transactionalId, "commit", "Fenced", failed.message)
+          : Effect.failCause(exit.cause)
       }
       if (failed !== undefined) {
         yield* Effect.ignore(session.abort)
