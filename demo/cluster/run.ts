@@ -85,7 +85,11 @@ export interface RealWorkload {
    * Default `false`.
    */
   readonly staticMembership?: boolean
-  /** Kills begin only once the first members share every partition (not while the group forms). Default `false`. */
+  /**
+   * Each kill waits until every member shares the partitions: the first kill until the group formed, each later one
+   * until the restarted member is back in it, so that every kill is a membership change of its own, with members that
+   * stayed. Default `false`.
+   */
   readonly settleFirst?: boolean
 }
 
@@ -561,17 +565,19 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
         })
       )
 
+    // Every member is up and owns partitions, and together they own them all.
+    const shared = () => {
+      const members = Array.from(current.values())
+      return members.length === workload.consumers && members.every((m) => m.owned.size > 0 && !m.killed) &&
+        new Set(members.flatMap((m) => Array.from(m.owned))).size === workload.partitions
+    }
     // The moves are counted from the moment the first members share every partition: how the group formed is not a
     // membership change's.
     const formed = yield* Deferred.make<void>()
     yield* Effect.forkScoped(
       waitFor(
         "the first members to share the partitions",
-        () => {
-          const members = Array.from(current.values())
-          return changes === 0 && members.length === workload.consumers && members.every((m) => m.owned.size > 0) &&
-            members.reduce((n, m) => n + m.owned.size, 0) === workload.partitions
-        },
+        () => changes === 0 && shared(),
         "10 minutes"
       ).pipe(
         Effect.zipRight(Effect.sync(() => {
@@ -589,6 +595,9 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       let handledAtLastKill = 0
       while (kills < workload.kills) {
         yield* Effect.sleep(300 + Math.floor(rng() * 2_200))
+        if (workload.settleFirst === true && kills > 0) {
+          yield* waitFor("the restarted member to be back in the group", shared, "120 seconds")
+        }
         yield* waitFor(
           "records to flow before the next kill",
           () =>
