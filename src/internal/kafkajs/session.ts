@@ -37,11 +37,23 @@ import {
   releaseRevoke,
   type Session
 } from "./member.js"
-import { planSession, refuseStaticMembership, type SessionPlan } from "../shared/sessionPlan.js"
+import { planSession, type SessionPlan } from "../shared/sessionPlan.js"
 import type { Entry } from "./partitions.js"
 import { makeReadWire } from "./readWire.js"
 import { memberState } from "./states.js"
 import { makeWire } from "./wire.js"
+
+/** kafkajs has no static membership: a session given a `groupInstanceId` is refused, saying where it is kept. */
+const refuseStaticMembership = (driver: string, options: SessionOptions): Effect.Effect<void, DriverError> =>
+  options.groupInstanceId === undefined
+    ? Effect.void
+    : Effect.fail(
+      new DriverError({
+        operation: "connect",
+        reason: `${driver} has no static membership (groupInstanceId "${options.groupInstanceId}"); ` +
+          "Platformatic.layer keeps it"
+      })
+    )
 
 /** Consumer settings that are fixed for every session of one layer. @internal */
 export interface ConsumerSettings {

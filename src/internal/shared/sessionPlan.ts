@@ -61,19 +61,3 @@ export const planSession = (
     const holdLimit = Math.max(0, rebalanceTimeout - heartbeatInterval - 1000)
     return { isStatic, requested, topics, sessionTimeout, rebalanceTimeout, pollTimeout, heartbeatInterval, holdLimit }
   })
-
-/**
- * A driver without static membership: a session given a `groupInstanceId` is refused, saying where it is kept.
- *
- * @internal
- */
-export const refuseStaticMembership = (driver: string, options: SessionOptions): Effect.Effect<void, DriverError> =>
-  options.groupInstanceId === undefined
-    ? Effect.void
-    : Effect.fail(
-      new DriverError({
-        operation: "connect",
-        reason: `${driver} has no static membership (groupInstanceId "${options.groupInstanceId}"); ` +
-          "Platformatic.layer keeps it"
-      })
-    )
