@@ -8,7 +8,10 @@
  * until that member gave it up). What the answer no longer holds is revoked: handed to the runloop with a `release`,
  * and kept in the member's owned partitions, heartbeat after heartbeat, until released; the heartbeat that leaves it
  * out is the acknowledgement, sent at once. The broker gives the partition to its next owner only then (or when the
- * member's rebalance timeout passed). What the answer adds is assigned at once.
+ * member's rebalance timeout passed). What the answer adds is assigned at once. Every heartbeat is a full one (the
+ * rebalance timeout, the topics and the owned partitions), which the broker always answers with the member's whole
+ * assignment: a partition the group gives back while the member still revokes it is released, then taken again from
+ * the answer to the acknowledgement.
  *
  * An answer of FENCED_MEMBER_EPOCH or UNKNOWN_MEMBER_ID (the group went on without the member: its session expired)
  * loses everything, and the member joins again with epoch 0. FENCED_INSTANCE_ID and UNRELEASED_INSTANCE_ID (static
