@@ -258,7 +258,9 @@ export interface Plan<R = never> {
   /** Consumes as one member until interrupted; dies with `Crashed` when a crash is injected. */
   readonly member: (
     groupId: string,
-    topic: string
+    topic: string,
+    /** The member's place among the workload's consumers: a member started again after a crash takes its place. */
+    slot: number
   ) => Effect.Effect<never, unknown, Driver | InMemoryKafka.InMemoryKafka | R>
   /** The stored positions that say how far the group has got, keyed by `TopicPartition.key`. */
   readonly positions: (
@@ -532,7 +534,7 @@ const notUtf8 = new Uint8Array([0xff, 0xfe, 0xfd])
 export const kafkaTransactionalPlan: MakePlan<Driver> = (workload, shouldCrash, checkpoints, zombies) => {
   const progress = makeTally(checkpoints)
   return {
-    member: (groupId, topic) =>
+    member: (groupId, topic, slot) =>
       Effect.gen(function*() {
         const kafka = yield* InMemoryKafka.InMemoryKafka
         const out = outputTopic(topic)
@@ -552,7 +554,11 @@ export const kafkaTransactionalPlan: MakePlan<Driver> = (workload, shouldCrash, 
             ), true)
         ).pipe(
           Effect.provide(Layer.mergeAll(
-            CommitPolicy.kafkaTransactional().pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers())),
+            // The member's transactional producer is named by its place: started again after a crash, it ends the
+            // transaction its predecessor left open.
+            CommitPolicy.kafkaTransactional({ instanceId: `member-${slot}` }).pipe(
+              Layer.provide(InMemoryKafka.layerTransactionalProducers())
+            ),
             InMemoryKafka.layerFaults((point, memberId) => shouldCrash(point, memberId))
           ))
         )
@@ -700,18 +706,19 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
 
     // A member that crashes is replaced, as a process supervisor would restart it.
     let fenced = 0
-    const supervised = Effect.gen(function*() {
-      while (true) {
-        const exit = yield* Effect.exit(plan.member(groupId, topic))
-        // A fenced member has lost its partition to another; like a crashed one, it is started again and rejoins.
-        if (isFenced(exit)) fenced++
-        else if (!isCrash(exit)) return yield* exit
-      }
-    })
+    const supervised = (slot: number) =>
+      Effect.gen(function*() {
+        while (true) {
+          const exit = yield* Effect.exit(plan.member(groupId, topic, slot))
+          // A fenced member has lost its partition to another; like a crashed one, it is started again and rejoins.
+          if (isFenced(exit)) fenced++
+          else if (!isCrash(exit)) return yield* exit
+        }
+      })
 
     const members = yield* Effect.forEach(
-      Array.from({ length: workload.consumers }),
-      () => Effect.fork(supervised)
+      Array.from({ length: workload.consumers }, (_, slot) => slot),
+      (slot) => Effect.fork(supervised(slot))
     )
 
     const done = Effect.gen(function*() {
@@ -746,7 +753,7 @@ export const runWorkload = <R = never>(workload: Workload, makePlan?: MakePlan<R
     const rebalancer = yield* Effect.fork(Effect.forEach(moves, (checkpoint, i) =>
       Effect.gen(function*() {
         yield* Deferred.await(checkpoint.reached)
-        if (i < 2) extras.push(yield* Effect.forkDaemon(supervised))
+        if (i < 2) extras.push(yield* Effect.forkDaemon(supervised(workload.consumers + i)))
         rebalances++
         yield* Deferred.succeed(checkpoint.moved, undefined)
         // Leaving waits for the member's in-flight work, which may be the handler that waited here: let it go first.

@@ -348,6 +348,21 @@ export interface KafkaTransactionalOptions {
    * share a cluster and a group id distinct prefixes. Default: none.
    */
   readonly transactionalIdPrefix?: string
+  /**
+   * Where the driver fences by group metadata (@platformatic/kafka, which sends it): names the member's transactional
+   * producer, `<prefix><groupId>-<instanceId>`. Give each member its own, the same across its restarts (a host name,
+   * a pod name): a restarted member then ends at once the transaction its crashed predecessor left open. Without it
+   * the id is random, and such a transaction holds the stable reads of its partitions' positions (and so their next
+   * owner's start) until the broker aborts it, `transactionTimeout` after it began. Two live members with the same one
+   * fence each other. Default: a random id.
+   */
+  readonly instanceId?: string
+  /**
+   * `member` (the default): one transactional producer per member where the driver sends the consumer's group
+   * metadata with a transaction's positions (KIP-447), and one per partition where it cannot (kafkajs, the in-memory
+   * broker). `partition`: one per partition everywhere.
+   */
+  readonly producers?: "member" | "partition"
 }
 
 /**
@@ -379,4 +394,8 @@ export interface KafkaTransactionalOptions {
 export const kafkaTransactional = (
   options: KafkaTransactionalOptions = {}
 ): Layer.Layer<CommitPolicy | Producer, never, TransactionalProducers> =>
-  kafkaTransactionalLayer(CommitPolicy, options.transactionalIdPrefix ?? "")
+  kafkaTransactionalLayer(CommitPolicy, {
+    prefix: options.transactionalIdPrefix ?? "",
+    instanceId: options.instanceId,
+    producers: options.producers ?? "member"
+  })

@@ -161,6 +161,22 @@ export interface CommittedPosition {
 }
 
 /**
+ * Who a member of a consumer group is now (Kafka's `ConsumerGroupMetadata`): its generation (classic protocol) or
+ * member epoch (KIP-848), its member id, and its group instance id when it is static. Sent with a transaction's
+ * positions (KIP-447), it makes the group's coordinator refuse them unless the member is still in the group at that
+ * generation or epoch: a zombie's transaction fails and lands nothing.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface GroupMetadata {
+  readonly groupId: string
+  readonly generationId: number
+  readonly memberId: string
+  readonly groupInstanceId?: string | undefined
+}
+
+/**
  * One member's connection to the cluster. One fiber (the runloop) owns it: calls are not made concurrently, except
  * `commit`, which may run while `poll` waits, and `offsets`, which the lag reports of `Observability` call on a fiber
  * of their own. Heartbeats are the driver's own business and continue while records are processed.
@@ -170,6 +186,11 @@ export interface CommittedPosition {
  */
 export interface DriverSession {
   readonly memberId: string
+  /**
+   * The member's group metadata as it is now, on a driver that sends it with a transaction's positions (KIP-447);
+   * absent on the others, and for a session that assigns its partitions itself (no membership).
+   */
+  readonly groupMetadata?: (() => GroupMetadata) | undefined
   readonly poll: Effect.Effect<ReadonlyArray<DriverEvent>, DriverError>
   /**
    * Commits positions (next offsets to read) as the group's committed offsets, all or nothing. Partitions this member

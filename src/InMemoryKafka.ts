@@ -11,7 +11,7 @@ import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
-import { Driver, type PartitionOffsets, type RebalanceProtocol } from "./Driver.js"
+import { Driver, type GroupMetadata, type PartitionOffsets, type RebalanceProtocol } from "./Driver.js"
 import { type CrashPoint, Faults } from "./Faults.js"
 import * as broker from "./internal/memory/broker.js"
 import * as operations from "./internal/memory/service.js"
@@ -170,7 +170,12 @@ export class InMemoryKafka extends Context.Tag("effect-kafka-delivery/InMemoryKa
     transactionalId: string,
     epoch: number,
     groupId: string,
-    positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
+    positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>,
+    /**
+     * The consuming member's group metadata (KIP-447): the positions are refused (`TransactionFailed`, `Other`, naming
+     * the Kafka error) unless that member is in the group at that generation.
+     */
+    member?: GroupMetadata
   ) => Effect.Effect<void, TransactionFailed>
   /**
    * Ends the producer's open transaction. `commit` also commits the positions added with `sendOffsets`, and
@@ -432,7 +437,8 @@ const transactionClient = (
     begin: Effect.sync(() => ({
       write,
       // The positions go to the broker at once, as TxnOffsetCommit does: the group's stable reads see them pending.
-      sendOffsets: (groupId, positions) => kafka.sendOffsets(transactionalId, epoch, groupId, positions),
+      sendOffsets: ({ groupId, member, positions }) =>
+        kafka.sendOffsets(transactionalId, epoch, groupId, positions, member),
       commit: kafka.endTransaction(transactionalId, epoch, "commit"),
       abort: kafka.endTransaction(transactionalId, epoch, "abort")
     }))

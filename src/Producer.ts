@@ -16,6 +16,7 @@ import * as Context from "effect/Context"
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
+import type { GroupMetadata } from "./Driver.js"
 import type { DriverError, ProduceFailed, TransactionFailed } from "./KafkaError.js"
 
 /**
@@ -225,7 +226,7 @@ export class TransactionalProducer extends Context.Tag("effect-kafka-delivery/Tr
     readonly transactionalId: string
     readonly transaction: <A, E, R>(
       body: Effect.Effect<A, E, R>,
-      options?: { readonly offsets?: TransactionOffsets | undefined }
+      options?: TransactionOptions
     ) => Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer>>
   }
 >() {}
@@ -240,6 +241,28 @@ export class TransactionalProducer extends Context.Tag("effect-kafka-delivery/Tr
 export interface TransactionOffsets {
   readonly groupId: string
   readonly positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
+  /**
+   * The consuming member's group metadata (`DriverSession.groupMetadata`, KIP-447): the group's coordinator takes the
+   * positions only from that member at that generation or epoch, and the transaction fails otherwise (a zombie's lands
+   * nothing). Without it the positions are sent as from outside the group's generations. Only @platformatic/kafka
+   * sends it; on kafkajs and the in-memory broker a transaction given one fails with `TransactionFailed` (`Other`)
+   * before it sends its positions.
+   */
+  readonly member?: GroupMetadata | undefined
+}
+
+/**
+ * How a transaction ends.
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface TransactionOptions {
+  /**
+   * The positions to commit with the transaction, or an effect that gives them once the body has succeeded and its
+   * sends are written; when that effect fails, the transaction is aborted and fails with its error.
+   */
+  readonly offsets?: TransactionOffsets | Effect.Effect<TransactionOffsets, TransactionFailed> | undefined
 }
 
 /**
@@ -266,6 +289,6 @@ export class TransactionalProducers extends Context.Tag("effect-kafka-delivery/T
  */
 export const transaction = <A, E, R>(
   body: Effect.Effect<A, E, R>,
-  options?: { readonly offsets?: TransactionOffsets | undefined }
+  options?: TransactionOptions
 ): Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer> | TransactionalProducer> =>
   Effect.flatMap(TransactionalProducer, (producer) => producer.transaction(body, options))

@@ -135,11 +135,11 @@ describe("kafkaTransactional on the in-memory broker", () => {
   // Another member takes the partition and commits its records 0 to 7 (position 8) in a transaction of the partition's
   // transactional id, while this member still handles the chunk 0 to 4: what this member does next must not write
   // any of 0 to 7 again.
-  const takeover = (topic: string, groupId: string) =>
+  const takeover = (topic: string, groupId: string, transactionalId: string) =>
     Effect.flatMap(
       Producer.TransactionalProducers,
       (factory) =>
-        Effect.scoped(Effect.flatMap(factory.make(`${groupId}-${topic}-0`), (other) =>
+        Effect.scoped(Effect.flatMap(factory.make(transactionalId), (other) =>
           other.transaction(
             Producer.sendAll(Array.from({ length: 8 }, (_, i) => ({ topic: outputTopic(topic), value: String(i) }))),
             { offsets: { groupId, positions: [{ topic, partition: 0, next: 8n }] } }
@@ -147,7 +147,7 @@ describe("kafkaTransactional on the in-memory broker", () => {
     )
 
   const exactlyOnceAfterTakeover = (
-    name: string,
+    topic: string,
     policy: Layer.Layer<CommitPolicy.CommitPolicy | Producer.Producer, unknown, InMemoryKafka.InMemoryKafka>,
     handler: (topic: string, groupId: string, records: Chunk.Chunk<ConsumerRecord>, first: boolean) => Effect.Effect<
       void,
@@ -157,7 +157,6 @@ describe("kafkaTransactional on the in-memory broker", () => {
   ) =>
     Effect.gen(function*() {
       const kafka = yield* InMemoryKafka.InMemoryKafka
-      const topic = `${name}-${crypto.randomUUID().slice(0, 6)}`
       const groupId = `${topic}-group`
       yield* kafka.createTopic(topic, 1)
       yield* kafka.createTopic(outputTopic(topic), 1)
@@ -182,58 +181,90 @@ describe("kafkaTransactional on the in-memory broker", () => {
       assert.deepStrictEqual(output.map(valueString), Array.from({ length: 10 }, (_, i) => String(i)))
     })
 
-  it.live(
-    "a transaction whose outcome is unknown, while another member took the partition and went on: the member joins " +
-      "again and goes on from the other's position, writing nothing twice",
-    () =>
-      Effect.gen(function*() {
-        // The first transaction of the partition's producer: the other member takes over, then the commit's outcome
-        // is unknown to this member (a timeout).
-        let first = true
-        const unknownOutcome = Layer.effect(
-          Producer.TransactionalProducers,
-          Effect.map(Producer.TransactionalProducers, (inner) => ({
-            make: (id: string) =>
-              Effect.map(inner.make(id), (producer) => ({
-                transactionalId: producer.transactionalId,
-                transaction: <A, E, R>(
-                  body: Effect.Effect<A, E, R>,
-                  options?: { readonly offsets?: Producer.TransactionOffsets | undefined }
-                ) => {
-                  if (!first) return producer.transaction(body, options)
-                  first = false
-                  const [topic, groupId] = [options!.offsets!.positions[0]!.topic, options!.offsets!.groupId]
-                  return Effect.zipRight(
-                    Effect.orDie(
-                      Effect.provideService(takeover(topic, groupId), Producer.TransactionalProducers, inner)
-                    ),
-                    Effect.fail(new TransactionFailed({ transactionalId: id, operation: "commit", reason: "Timeout" }))
-                  )
-                }
-              }))
-          }))
-        ).pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers()))
-        yield* exactlyOnceAfterTakeover(
-          "unknown-outcome",
-          CommitPolicy.kafkaTransactional().pipe(Layer.provide(unknownOutcome)),
-          (topic, _groupId, records) =>
-            Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: valueString(r) })))
-        )
-      }).pipe(Effect.provide(InMemoryKafka.layer())),
-    { timeout: 60_000 }
-  )
+  // Both ways of fencing: a producer per partition, whose id names the partition (the other member took it by
+  // starting that producer), and one per member (KIP-447), whose id names the member (the other took it with a
+  // producer of its own, which fences nothing: the group's generation and the committed position do).
+  const modes = [
+    {
+      producers: "partition" as const,
+      policy: (factory: Layer.Layer<Producer.TransactionalProducers, unknown, InMemoryKafka.InMemoryKafka>) =>
+        CommitPolicy.kafkaTransactional({ producers: "partition" }).pipe(Layer.provide(factory)),
+      idOf: (topic: string, groupId: string) => `${groupId}-${topic}-0`
+    },
+    {
+      producers: "member" as const,
+      policy: (factory: Layer.Layer<Producer.TransactionalProducers, unknown, InMemoryKafka.InMemoryKafka>) =>
+        CommitPolicy.kafkaTransactional({ instanceId: "m" }).pipe(Layer.provide(factory)),
+      idOf: (_topic: string, groupId: string) => `${groupId}-m`
+    }
+  ]
 
-  it.live(
-    "a send refused because another member took the partition fails the transaction as fenced, even when the " +
-      "handler fails with it: the member joins again rather than retry the chunk, writing nothing twice",
-    () =>
-      exactlyOnceAfterTakeover("fenced-send", policy, (topic, groupId, records, first) =>
-        Effect.zipRight(
-          first ? takeover(topic, groupId) : Effect.void,
-          Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: valueString(r) })))
-        )).pipe(Effect.provide(InMemoryKafka.layer())),
-    { timeout: 60_000 }
-  )
+  for (const mode of modes) {
+    it.live(
+      `a producer per ${mode.producers}: a transaction whose outcome is unknown, while another member took the ` +
+        "partition and went on: the member joins again and goes on from the other's position, writing nothing twice",
+      () =>
+        Effect.gen(function*() {
+          const topic = `unknown-outcome-${crypto.randomUUID().slice(0, 6)}`
+          const groupId = `${topic}-group`
+          // The first transaction of the producer: the other member takes over, then the commit's outcome is unknown
+          // to this member (a timeout).
+          let first = true
+          const unknownOutcome = Layer.effect(
+            Producer.TransactionalProducers,
+            Effect.map(Producer.TransactionalProducers, (inner) => ({
+              make: (id: string) =>
+                Effect.map(inner.make(id), (producer) => ({
+                  transactionalId: producer.transactionalId,
+                  transaction: <A, E, R>(body: Effect.Effect<A, E, R>, options?: Producer.TransactionOptions) => {
+                    if (!first) return producer.transaction(body, options)
+                    first = false
+                    return Effect.zipRight(
+                      Effect.orDie(
+                        Effect.provideService(
+                          takeover(topic, groupId, `${groupId}-other`),
+                          Producer.TransactionalProducers,
+                          inner
+                        )
+                      ),
+                      Effect.fail(
+                        new TransactionFailed({ transactionalId: id, operation: "commit", reason: "Timeout" })
+                      )
+                    )
+                  }
+                }))
+            }))
+          ).pipe(Layer.provide(InMemoryKafka.layerTransactionalProducers()))
+          yield* exactlyOnceAfterTakeover(
+            topic,
+            mode.policy(unknownOutcome),
+            (topic, _groupId, records) =>
+              Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: valueString(r) })))
+          )
+        }).pipe(Effect.provide(InMemoryKafka.layer())),
+      { timeout: 60_000 }
+    )
+
+    it.live(
+      `a producer per ${mode.producers}: a send refused because another producer took the transactional id fails ` +
+        "the transaction as fenced, even when the handler fails with it: the member joins again rather than retry " +
+        "the chunk, writing nothing twice",
+      () =>
+        Effect.gen(function*() {
+          const topic = `fenced-send-${crypto.randomUUID().slice(0, 6)}`
+          yield* exactlyOnceAfterTakeover(
+            topic,
+            mode.policy(InMemoryKafka.layerTransactionalProducers()),
+            (topic, groupId, records, first) =>
+              Effect.zipRight(
+                first ? takeover(topic, groupId, mode.idOf(topic, groupId)) : Effect.void,
+                Producer.sendAll(Chunk.map(records, (r) => ({ topic: outputTopic(topic), value: valueString(r) })))
+              )
+          )
+        }).pipe(Effect.provide(InMemoryKafka.layer())),
+      { timeout: 60_000 }
+    )
+  }
 
   it.live("outside a handler the policy's Producer has no transaction: a send fails, saying so", () =>
     Effect.gen(function*() {

@@ -173,7 +173,8 @@ const member = (options: MemberOptions) =>
     if (options.policy === "kafkaTransactional") {
       // One record per input record into the output topic, in the chunk's Kafka transaction with its position.
       const output = outputTopicOf(options.topic)
-      const policy = CommitPolicy.kafkaTransactional().pipe(
+      // The member's name survives its restarts: a restarted member ends the transaction its predecessor left open.
+      const policy = CommitPolicy.kafkaTransactional({ instanceId: options.clientId }).pipe(
         Layer.provide(layers.transactionalProducers(`${options.clientId}-producer`))
       )
       // The dead-letter writes go through the unit's transactional producer.

@@ -70,6 +70,7 @@ export const inMemoryWrapping = (
             get memberId() {
               return session.memberId
             },
+            ...(session.groupMetadata === undefined ? {} : { groupMetadata: session.groupMetadata }),
             poll: own.poll ?? session.poll,
             commit: own.commit ?? session.commit,
             committed: own.committed ?? session.committed,

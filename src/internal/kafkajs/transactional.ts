@@ -101,21 +101,28 @@ export const makeTransactionClients = (
               })))
             return {
               write,
-              sendOffsets: (groupId, positions) =>
-                Effect.tryPromise({
-                  try: () =>
-                    txn.sendOffsets({
-                      consumerGroupId: groupId,
-                      topics: Array.from(
-                        producer.groupBy(positions, (p) => p.topic),
-                        ([topic, list]) => ({
-                          topic,
-                          partitions: list.map((p) => ({ partition: p.partition, offset: String(p.next) }))
-                        })
-                      )
-                    }),
-                  catch: transactionFailed(transactionalId, "sendOffsets")
-                }),
+              sendOffsets: ({ groupId, member, positions }) =>
+                member !== undefined
+                  ? Effect.fail(producer.transactionFailed(
+                    transactionalId,
+                    "sendOffsets",
+                    "Other",
+                    producer.withoutGroupMetadata("kafkajs")
+                  ))
+                  : Effect.tryPromise({
+                    try: () =>
+                      txn.sendOffsets({
+                        consumerGroupId: groupId,
+                        topics: Array.from(
+                          producer.groupBy(positions, (p) => p.topic),
+                          ([topic, list]) => ({
+                            topic,
+                            partitions: list.map((p) => ({ partition: p.partition, offset: String(p.next) }))
+                          })
+                        )
+                      }),
+                    catch: transactionFailed(transactionalId, "sendOffsets")
+                  }),
               commit: end("commit"),
               abort: end("abort")
             }

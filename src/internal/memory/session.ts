@@ -79,6 +79,14 @@ const makeSession = (broker: Broker, member: groups.Member, options: SessionOpti
     get memberId() {
       return member.id
     },
+    ...(member.static ? {} : {
+      groupMetadata: () => ({
+        groupId: options.groupId,
+        generationId: member.generation,
+        memberId: member.id,
+        ...(member.instanceId === undefined ? {} : { groupInstanceId: member.instanceId })
+      })
+    }),
     poll: makePoll(broker, member, options),
     commit: makeCommit(broker, member),
     committed: (tps) =>

@@ -1,12 +1,27 @@
 import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import type { GroupMetadata } from "../../Driver.js"
 import { ProduceFailed, TransactionFailed } from "../../KafkaError.js"
 import * as TopicPartition from "../../TopicPartition.js"
 import * as producer from "../producer/producer.js"
 import type * as groups from "./groups.js"
 import * as memoryLog from "./log.js"
 import type { ProducerRecord } from "./record.js"
+
+/**
+ * Why the group's coordinator refuses positions sent with this group metadata (TxnOffsetCommit, KIP-447): the member
+ * is not in the group, a newer member took its instance id, or it is not at that generation (member epoch) any more.
+ */
+const refuseMetadata = (group: groups.Group, metadata: GroupMetadata): string | undefined => {
+  const member = group.members.find((m) => m.id === metadata.memberId)
+  if (member === undefined || !member.inGroup) return `UNKNOWN_MEMBER_ID: ${metadata.memberId} is not in the group`
+  if (member.fenced) return `FENCED_INSTANCE_ID: a newer member joined with instance id "${member.instanceId}"`
+  if (member.generation !== metadata.generationId) {
+    return `ILLEGAL_GENERATION: sent with generation ${metadata.generationId}, the member's is ${member.generation}`
+  }
+  return undefined
+}
 
 /** A position to commit for a group, as a transaction carries it. */
 type Position = { readonly topic: string; readonly partition: number; readonly next: bigint }
@@ -207,12 +222,19 @@ export const operations = ({ groupOf, logs, notify, producers }: Context) => {
       transactionalId: string,
       epoch: number,
       groupId: string,
-      positions: ReadonlyArray<Position>
+      positions: ReadonlyArray<Position>,
+      member?: GroupMetadata
     ): Effect.Effect<void, TransactionFailed> =>
       Effect.gen(function*() {
         const { now, state } = yield* current(transactionalId, epoch)
         if (typeof state === "string") {
           return yield* producer.transactionFailed(transactionalId, "sendOffsets", "Fenced", state)
+        }
+        const refused = member === undefined ? undefined : refuseMetadata(groupOf(groupId), member)
+        if (refused !== undefined) {
+          // As a client classifies the error: a member out of the group is fenced, a stale generation is not.
+          const reason = refused.startsWith("ILLEGAL_GENERATION") ? "Other" : "Fenced"
+          return yield* producer.transactionFailed(transactionalId, "sendOffsets", reason, refused)
         }
         openTransaction(state, now).offsets.push({ groupId, positions: [...positions] })
       })

@@ -368,6 +368,17 @@ const driverSession = (s: Session, plan: Plan): DriverSession => ({
       ? `static-${s.consumer.clientId}`
       : s.member?.memberId ?? s.consumer.memberId ?? ""
   },
+  ...(s.group.isStatic ? {} : {
+    groupMetadata: () => {
+      const { generation, instanceId, memberId } = s.group.identity()
+      return {
+        groupId: s.group.groupId,
+        generationId: generation,
+        memberId,
+        ...(instanceId === null ? {} : { groupInstanceId: instanceId })
+      }
+    }
+  }),
   poll: poll(s, plan),
   commit: (batch) => commits.commit(s.group, batch),
   committed: (partitions) => commits.committed(s.group, partitions),

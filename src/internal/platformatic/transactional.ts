@@ -35,8 +35,10 @@ const transactionFailed = (transactionalId: string, operation: TransactionFailed
  * timeout (`timeout`), so a transactional client's requests may take that long.
  *
  * A transaction's positions are sent as the client does for a consumer's messages (AddOffsetsToTxn, then
- * TxnOffsetCommit to the group's coordinator), with no generation: a consumer outside the group's generations, as
- * kafka-clients' `sendOffsetsToTransaction(offsets, groupId)`.
+ * TxnOffsetCommit to the group's coordinator), with the member's generation (or member epoch) and member id when the
+ * offsets carry its group metadata (KIP-447, kafka-clients' `sendOffsetsToTransaction(offsets, groupMetadata)`), and
+ * else with none: a consumer outside the group's generations (`sendOffsetsToTransaction(offsets, groupId)`). The
+ * client sends no group instance id: the coordinator checks a static member by its member id and generation then.
  *
  * @internal
  */
@@ -142,7 +144,7 @@ export const makeTransactionClients = (
               })))
             return {
               write,
-              sendOffsets: (groupId, positions) =>
+              sendOffsets: ({ groupId, member, positions }) =>
                 Effect.tryPromise({
                   try: async () => {
                     const consumer = groupOf(groupId)
@@ -155,7 +157,14 @@ export const makeTransactionClients = (
                         topic,
                         partition,
                         offset: next - 1n,
-                        metadata: { consumer: { groupId, generationId: -1, memberId: "", coordinatorId } }
+                        metadata: {
+                          consumer: {
+                            groupId,
+                            generationId: member?.generationId ?? -1,
+                            memberId: member?.memberId ?? "",
+                            coordinatorId
+                          }
+                        }
                       }
                       await txn.addOffset(message as unknown as Message)
                     }

@@ -17,9 +17,11 @@ import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import type { CommitPolicy, PolicyContext, PolicyError, PolicyInstance } from "../../CommitPolicy.js"
 import type { ConsumerRecord } from "../../ConsumerRecord.js"
-import { ProduceFailed, TransactionFailed } from "../../KafkaError.js"
+import type { GroupMetadata } from "../../Driver.js"
+import { type DriverError, ProduceFailed, TransactionFailed } from "../../KafkaError.js"
 import { Producer, type TransactionalProducer, TransactionalProducers } from "../../Producer.js"
 import * as TopicPartition from "../../TopicPartition.js"
+import { giveUp, inRound, makeMember, RoundFailed, start } from "./memberTransactions.js"
 import { kafkaStartPositions, whileUnreachable } from "./support.js"
 
 type Retry = <E2, R2>(work: Effect.Effect<void, E2, R2>) => Effect.Effect<void, E2, R2>
@@ -127,45 +129,121 @@ const standing = (
   )
 }
 
-/** A chunk in a transaction of its partition's producer, with its position. */
+/**
+ * How the chunks of the owned partitions go into transactions: a producer per partition, or one for the member.
+ */
+interface Transactor {
+  /** The owned partitions, each with whether a transaction of its chunks failed since it last resumed. */
+  readonly owned: ReadonlyMap<string, { failed: boolean }>
+  readonly transactionalId: (k: string) => string
+  /** Ends the transaction of the partition's chunk that failed, if it is still open: its outcome is final then. */
+  readonly restart: (partition: TopicPartition.TopicPartition) => Effect.Effect<void, TransactionFailed | DriverError>
+  /** The chunk's handler in a transaction that commits its records and the partition's position `next`. */
+  readonly transaction: <E, R>(
+    partition: TopicPartition.TopicPartition,
+    next: bigint,
+    body: Effect.Effect<void, E, R>
+  ) => Effect.Effect<void, E | TransactionFailed | DriverError, Exclude<R, Producer>>
+  readonly assign: (partitions: ReadonlyArray<TopicPartition.TopicPartition>) => Effect.Effect<void, PolicyError>
+  readonly revoke: (partitions: ReadonlyArray<TopicPartition.TopicPartition>) => Effect.Effect<void>
+  readonly lost: (partitions: ReadonlyArray<TopicPartition.TopicPartition>) => Effect.Effect<void>
+}
+
+/** A producer per owned partition, whose transactional id names the partition. */
+const perPartition = (producers: Producers): Effect.Effect<Transactor, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const { context, owned } = producers
+    const closing = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) => close(producers, partitions)
+    yield* Effect.addFinalizer(() => closing(Array.from(owned.keys(), TopicPartition.fromKey)))
+    return {
+      owned,
+      transactionalId: (k) => owned.get(k)?.producer.transactionalId ?? k,
+      restart: (partition) => open(producers, partition),
+      transaction: (partition, next, body) =>
+        Effect.suspend(() => {
+          const o = owned.get(TopicPartition.key(partition))
+          if (o === undefined) return Effect.void
+          const offsets = {
+            groupId: context.groupId,
+            positions: [{ topic: partition.topic, partition: partition.partition, next }]
+          }
+          return o.producer.transaction(body, { offsets })
+        }),
+      assign: (partitions) =>
+        Effect.forEach(
+          partitions,
+          (tp) => whileUnreachable(context.guard(open(producers, tp)), context.reconnectTimeout),
+          { concurrency: "unbounded", discard: true }
+        ),
+      revoke: closing,
+      lost: closing
+    }
+  })
+
+/** One producer for the member, its transactions fenced by the member's generation (KIP-447). */
+const perMember = (
+  context: PolicyContext,
+  factory: Context.Tag.Service<TransactionalProducers>,
+  transactionalId: string,
+  groupMetadata: () => GroupMetadata
+): Effect.Effect<Transactor, never, Scope.Scope> =>
+  Effect.map(makeMember(context, factory, transactionalId, groupMetadata), (member): Transactor => ({
+    owned: member.owned,
+    transactionalId: () => transactionalId,
+    restart: () => start(member),
+    transaction: (partition, next, body) =>
+      Effect.catchIf(
+        inRound(member, partition, next, body),
+        (error): error is RoundFailed => error instanceof RoundFailed,
+        (failed) => Effect.fail(failed.error)
+      ),
+    assign: (partitions) =>
+      Effect.zipRight(
+        whileUnreachable(context.guard(start(member)), context.reconnectTimeout),
+        Effect.sync(() => {
+          for (const tp of partitions) member.owned.set(TopicPartition.key(tp), { failed: false })
+        })
+      ),
+    revoke: (partitions) => giveUp(member, partitions, true),
+    lost: (partitions) => giveUp(member, partitions, false)
+  }))
+
+/** A chunk in a transaction, with its position. */
 const processChunk = <E, R>(
-  producers: Producers,
+  context: PolicyContext,
+  transactor: Transactor,
   partition: TopicPartition.TopicPartition,
   records: Chunk.Chunk<ConsumerRecord>,
   next: bigint,
   work: Effect.Effect<void, E, R>,
   retry: Retry
-): Effect.Effect<void, E | PolicyError, R> =>
+): Effect.Effect<void, E | PolicyError, Exclude<R, Producer>> =>
   Effect.gen(function*() {
-    const { context, owned } = producers
+    const { owned } = transactor
     const k = TopicPartition.key(partition)
     // Work of a partition this member no longer owns (left running after a revoke) commits nothing.
     if (!owned.has(k)) return
     yield* context.crashAt("beforeHandler", [partition])
-    const offsets = {
-      groupId: context.groupId,
-      positions: [{ topic: partition.topic, partition: partition.partition, next }]
-    }
     const body = work.pipe(
       Effect.zipLeft(context.crashAt("afterHandler", [partition])),
       Effect.zipLeft(context.crashAt("beforeCommit", [partition]))
     )
     const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(context.reconnectTimeout)
-    // The partition's producer started anew, then the committed position read (stable: a transaction still
-    // completing makes the read wait) says where the chunk stands. A cluster still away is waited for, up to the
-    // chunk's deadline.
+    // The transaction that failed ended (the partition's producer started anew), then the committed position read
+    // (stable: a transaction still completing makes the read wait) says where the chunk stands. A cluster still
+    // away is waited for, up to the chunk's deadline.
     const resume = Effect.flatMap(Clock.currentTimeMillis, (now) =>
       whileUnreachable(
         Effect.suspend(() =>
           // A partition revoked meanwhile is not started again: its next owner handles the chunk.
           owned.has(k)
             ? Effect.zipRight(
-              context.guard(open(producers, partition)),
+              context.guard(transactor.restart(partition)),
               Effect.flatMap(context.guard(context.session.committed([partition])), (committed) => {
                 const o = owned.get(k)
-                return o === undefined
-                  ? Effect.succeed("revoked" as const)
-                  : standing(o.producer.transactionalId, partition, records, next, committed.get(k))
+                if (o === undefined) return Effect.succeed("revoked" as const)
+                o.failed = false
+                return standing(transactor.transactionalId(k), partition, records, next, committed.get(k))
               })
             )
             : Effect.succeed("revoked" as const)
@@ -176,7 +254,7 @@ const processChunk = <E, R>(
       const o = owned.get(k)
       return o === undefined
         ? Effect.void
-        : context.observe("transaction", partition, next, o.producer.transaction(body, { offsets })).pipe(
+        : context.observe("transaction", partition, next, transactor.transaction(partition, next, body)).pipe(
           Effect.tapError(() => Effect.sync(() => (o.failed = true)))
         )
     })
@@ -186,7 +264,7 @@ const processChunk = <E, R>(
         : transaction
     )
     // An unsettled transaction (its outcome unknown) is settled as a failed one is: the next attempt resumes first.
-    const run = (delay: number): Effect.Effect<void, E | PolicyError, R> =>
+    const run = (delay: number): Effect.Effect<void, E | PolicyError, Exclude<R, Producer>> =>
       Effect.catchIf(retry(context.guard(attempt)), unsettled, (error) =>
         Effect.flatMap(resume, (stands) =>
           stands !== "handle" ? Effect.void : Effect.flatMap(Clock.currentTimeMillis, (now) =>
@@ -201,44 +279,59 @@ const processChunk = <E, R>(
   })
 
 /** The policy's instance for one consumer session. */
-const instance = (producers: Producers): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
+const instance = (
+  context: PolicyContext,
+  factory: Context.Tag.Service<TransactionalProducers>,
+  options: Options
+): Effect.Effect<PolicyInstance, never, Scope.Scope> =>
   Effect.gen(function*() {
-    const { context, owned } = producers
-    const closing = (partitions: ReadonlyArray<TopicPartition.TopicPartition>) => close(producers, partitions)
-    yield* Effect.addFinalizer(() => closing(Array.from(owned.keys(), TopicPartition.fromKey)))
+    const groupMetadata = context.session.groupMetadata
+    const transactor = groupMetadata === undefined || options.producers === "partition"
+      ? yield* perPartition({ context, factory, prefix: options.prefix, owned: new Map() })
+      : yield* perMember(
+        context,
+        factory,
+        `${options.prefix}${context.groupId}-${options.instanceId ?? crypto.randomUUID()}`,
+        groupMetadata
+      )
     const policy: PolicyInstance = {
       name: "kafkaTransactional",
       failedRecords: "rerun",
       unitHoldsWrites: true,
       assign: (partitions) =>
         Effect.zipRight(
-          Effect.forEach(
-            partitions,
-            (tp) => whileUnreachable(context.guard(open(producers, tp)), context.reconnectTimeout),
-            { concurrency: "unbounded", discard: true }
-          ),
+          transactor.assign(partitions),
           // Read once every earlier owner is fenced: the committed positions are final.
           kafkaStartPositions(context, partitions)
         ),
       delivered: () => Effect.void,
       polled: Effect.void,
       process: (partition, records, next, work, retry) =>
-        processChunk(producers, partition, records, next, work, retry),
-      revoke: closing,
-      lost: closing
+        processChunk(context, transactor, partition, records, next, work, retry),
+      revoke: transactor.revoke,
+      lost: transactor.lost
     }
     return policy
   })
 
+/** How the policy names and shares its transactional producers. */
+export interface Options {
+  readonly prefix: string
+  /** The member's producer's id, after the prefix and the group id; a random one when absent. */
+  readonly instanceId: string | undefined
+  /** `partition`: a producer per partition even where the driver sends the group's metadata. */
+  readonly producers: "member" | "partition"
+}
+
 /** Exactly-once inside Kafka: the handler's records and the position in one Kafka transaction per chunk. */
 export const kafkaTransactionalLayer = (
   tag: typeof CommitPolicy,
-  prefix: string
+  options: Options
 ): Layer.Layer<CommitPolicy | Producer, never, TransactionalProducers> =>
   Layer.effectContext(
     Effect.map(TransactionalProducers, (factory) =>
       Context.make(tag, {
         name: "kafkaTransactional",
-        make: (context: PolicyContext) => instance({ context, factory, prefix, owned: new Map() })
+        make: (context: PolicyContext) => instance(context, factory, options)
       }).pipe(Context.add(Producer, producerOutsideUnit)))
   )

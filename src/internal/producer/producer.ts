@@ -14,5 +14,12 @@ export {
 } from "./partitioner.js"
 export { refuse, sizeOf, unknownTopic } from "./record.js"
 export { checkTransactionalId, resolve, type Resolved, resolveTransactional } from "./settings.js"
-export { inTransaction, makeTransactional, transactionFailed, type TxnClient, type TxnSession } from "./transaction.js"
+export {
+  inTransaction,
+  makeTransactional,
+  transactionFailed,
+  type TxnClient,
+  type TxnSession,
+  withoutGroupMetadata
+} from "./transaction.js"
 export { isFailure, type Written } from "./written.js"

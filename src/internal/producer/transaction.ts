@@ -24,10 +24,7 @@ export interface TxnSession {
   /** As `Transport.write`. */
   readonly write: (batch: ReadonlyArray<ProducerRecord>) => Effect.Effect<Array<Written>>
   /** Commits these positions for the group, with the transaction: they land if it commits, and only then. */
-  readonly sendOffsets: (
-    groupId: string,
-    positions: ReadonlyArray<{ readonly topic: string; readonly partition: number; readonly next: bigint }>
-  ) => Effect.Effect<void, TransactionFailed>
+  readonly sendOffsets: (offsets: TransactionOffsets) => Effect.Effect<void, TransactionFailed>
   readonly commit: Effect.Effect<void, TransactionFailed>
   readonly abort: Effect.Effect<void, TransactionFailed>
 }
@@ -43,6 +40,16 @@ export interface TxnClient {
   readonly init: Effect.Effect<void, TransactionFailed>
   readonly begin: Effect.Effect<TxnSession, TransactionFailed>
 }
+
+/**
+ * Why a transaction given the consumer's group metadata fails on a client that cannot send it: sent without, the
+ * positions would not be fenced by the group's generation, which is what the caller asked for.
+ *
+ * @internal
+ */
+export const withoutGroupMetadata = (client: string) =>
+  `${client} cannot send a consumer's group metadata with a transaction's positions (KIP-447); ` +
+  "send them without it and fence with a transactional id per input partition"
 
 /** @internal */
 export const transactionFailed = (
@@ -66,7 +73,7 @@ export const inTransaction = <A, E, R>(
   settings: Resolved,
   client: TxnClient,
   body: Effect.Effect<A, E, R>,
-  offsets: TransactionOffsets | undefined,
+  offsets: TransactionOffsets | Effect.Effect<TransactionOffsets, TransactionFailed> | undefined,
   /** Told when a send of the transaction failed or its end did: the client must start over before the next one. */
   unclean: () => void = () => {}
 ): Effect.Effect<A, E | TransactionFailed, Exclude<R, Producer>> =>
@@ -107,9 +114,10 @@ export const inTransaction = <A, E, R>(
         )
       }
       const committed = yield* Effect.exit(
-        offsets === undefined
-          ? session.commit
-          : Effect.zipRight(session.sendOffsets(offsets.groupId, offsets.positions), session.commit)
+        offsets === undefined ? session.commit : Effect.zipRight(
+          Effect.flatMap(Effect.isEffect(offsets) ? offsets : Effect.succeed(offsets), session.sendOffsets),
+          session.commit
+        )
       )
       if (Exit.isFailure(committed)) {
         unclean()

@@ -154,6 +154,7 @@ export const makeConsumer = (given: Settings, groupId: string, clock: Clock.Cloc
       get memberId() {
         return session.memberId
       },
+      ...(session.groupMetadata === undefined ? {} : { groupMetadata: session.groupMetadata }),
       poll: session.poll,
       commit: (batch) => commit(state, session, batch),
       committed: session.committed,
