@@ -419,7 +419,12 @@ export class ProduceFailed extends Schema.TaggedError<ProduceFailed>()("ProduceF
  * - `Aborted`: a send of the transaction failed, so it could not commit: it was aborted, and nothing of it lands;
  * - `Timeout`, `Disconnected`: the cluster did not answer in time or could not be reached; an open transaction the
  *   broker does not hear the end of is aborted after its transaction timeout;
- * - `Other`: any other refusal; `detail` says what the client said.
+ * - `Other`: any other refusal; `detail` says what the client said. Positions sent with a consumer's group metadata
+ *   that the group's coordinator does not take (KIP-447) fail so, with `code` `ILLEGAL_GENERATION` (the member's
+ *   generation moved on), `UNKNOWN_MEMBER_ID` (it is not in the group) or `FENCED_INSTANCE_ID` (a newer member took
+ *   its instance id); the transaction is aborted, and the producer goes on.
+ *
+ * `code` is the Kafka protocol error behind the failure, when the driver knows it.
  *
  * @since 0.1.0
  * @category errors
@@ -428,10 +433,12 @@ export class TransactionFailed extends Schema.TaggedError<TransactionFailed>()("
   transactionalId: Schema.String,
   operation: Schema.Literal("init", "begin", "sendOffsets", "commit", "abort"),
   reason: Schema.Literal("Fenced", "Aborted", "Timeout", "Disconnected", "Other"),
+  code: Schema.optional(Schema.String),
   detail: Schema.optional(Schema.String)
 }) {
   override get message(): string {
-    return `Transaction ${this.operation} of producer "${this.transactionalId}" failed (${this.reason})${
+    const code = this.code === undefined ? "" : ` ${this.code}`
+    return `Transaction ${this.operation} of producer "${this.transactionalId}" failed (${this.reason}${code})${
       this.detail === undefined ? "" : `: ${this.detail}`
     }`
   }

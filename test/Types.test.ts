@@ -26,7 +26,8 @@ import {
   type InvalidConfig,
   type DriverError as KafkaDriverError,
   HandlerFailed,
-  ProduceFailed
+  ProduceFailed,
+  TransactionFailed
 } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
@@ -201,6 +202,25 @@ describe("the producer's signatures", () => {
     Producer.send({ topic: "t" })
     // @ts-expect-error acks is 0, 1 or "all"
     InMemoryKafka.layerProducer({ acks: 2 })
+  })
+
+  it("a transaction's positions may come from an effect that fails with TransactionFailed only and needs nothing", () => {
+    const offsets: Producer.TransactionOffsets = { groupId: "g", positions: [{ topic: "t", partition: 0, next: 1n }] }
+    const body = Producer.send({ topic: "t", value: "v" })
+    expectTypeOf(Producer.transaction(body, { offsets: Effect.succeed(offsets) })).toEqualTypeOf<
+      Effect.Effect<Producer.RecordMetadata, ProduceFailed | TransactionFailed, Producer.TransactionalProducer>
+    >()
+    // @ts-expect-error the effect's failure is the transaction's, so it must be a TransactionFailed
+    Producer.transaction(body, { offsets: Effect.fail("no") as Effect.Effect<Producer.TransactionOffsets, string> })
+    // @ts-expect-error the effect runs inside the transaction, with nothing more provided
+    Producer.transaction(body, { offsets: Effect.as(Producer.Producer, offsets) })
+    // The group metadata goes with the positions; the producers are a member's or a partition's, by name.
+    Producer.transaction(body, {
+      offsets: { ...offsets, member: { groupId: "g", generationId: 3, memberId: "m-1", groupInstanceId: "host-1" } }
+    })
+    CommitPolicy.kafkaTransactional({ instanceId: "host-1", producers: "partition" })
+    // @ts-expect-error producers are per member or per partition
+    CommitPolicy.kafkaTransactional({ producers: "chunk" })
   })
 
   it("the layers say what they need and how they can fail", () => {

@@ -523,6 +523,38 @@ export const producerSuite = <R>(
       timeout
     )
 
+    it.live(
+      "positions sent with the group metadata of a member not in the group: the transaction fails and lands " +
+        "nothing, and the producer goes on",
+      () =>
+        withEnvironment((transactional) =>
+          Effect.gen(function*() {
+            const topic = topicName("txn-member")
+            yield* createTopic(topic, 1)
+            const producer = yield* transactional(`txn-${topic}`)
+            const groupId = `${topic}-group`
+            const failure = yield* Effect.flip(producer.transaction(Producer.send({ topic, value: "zombie" }), {
+              offsets: {
+                groupId,
+                positions: [{ topic, partition: 0, next: 1n }],
+                member: { groupId, generationId: 4, memberId: "a-member-that-left" }
+              }
+            }))
+            // A driver that sends the metadata has the coordinator refuse it; one that cannot refuses it itself.
+            assert.instanceOf(failure, TransactionFailed)
+            assert.strictEqual(failure.operation, "sendOffsets")
+            // The coordinator of a group without members refuses any generation; the in-memory broker knows the member
+            // is not in it; kafkajs cannot send the metadata at all.
+            assert.match(failure.message, /ILLEGAL_GENERATION|UNKNOWN_MEMBER_ID|KIP-447/)
+            assert.strictEqual(failure.reason, "Other")
+            yield* producer.transaction(Producer.send({ topic, value: "next" }))
+            const log = yield* readTopic(topic, 1)
+            assert.deepStrictEqual(log[0]!.map(valueString), ["next"])
+          })
+        ),
+      timeout
+    )
+
     it.live("an interrupted transaction is aborted", () =>
       withEnvironment((transactional) =>
         Effect.gen(function*() {

@@ -24,7 +24,7 @@ const transactionFailed = (transactionalId: string, operation: TransactionFailed
     : isRetriable(cause)
     ? "Disconnected"
     : "Other"
-  return producer.transactionFailed(transactionalId, operation, reason, describe(cause))
+  return producer.transactionFailed(transactionalId, operation, reason, describe(cause), type)
 }
 
 /**

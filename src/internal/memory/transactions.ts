@@ -13,12 +13,22 @@ import type { ProducerRecord } from "./record.js"
  * Why the group's coordinator refuses positions sent with this group metadata (TxnOffsetCommit, KIP-447): the member
  * is not in the group, a newer member took its instance id, or it is not at that generation (member epoch) any more.
  */
-const refuseMetadata = (group: groups.Group, metadata: GroupMetadata): string | undefined => {
+const refuseMetadata = (
+  group: groups.Group,
+  metadata: GroupMetadata
+): readonly [code: string, detail: string] | undefined => {
   const member = group.members.find((m) => m.id === metadata.memberId)
-  if (member === undefined || !member.inGroup) return `UNKNOWN_MEMBER_ID: ${metadata.memberId} is not in the group`
-  if (member.fenced) return `FENCED_INSTANCE_ID: a newer member joined with instance id "${member.instanceId}"`
+  if (member === undefined || !member.inGroup) {
+    return ["UNKNOWN_MEMBER_ID", `${metadata.memberId} is not in group ${group.id}`]
+  }
+  if (member.fenced) {
+    return ["FENCED_INSTANCE_ID", `a newer member joined group ${group.id} with instance id "${member.instanceId}"`]
+  }
   if (member.generation !== metadata.generationId) {
-    return `ILLEGAL_GENERATION: sent with generation ${metadata.generationId}, the member's is ${member.generation}`
+    return [
+      "ILLEGAL_GENERATION",
+      `sent with generation ${metadata.generationId}, the member's is ${member.generation} in group ${group.id}`
+    ]
   }
   return undefined
 }
@@ -232,9 +242,7 @@ export const operations = ({ groupOf, logs, notify, producers }: Context) => {
         }
         const refused = member === undefined ? undefined : refuseMetadata(groupOf(groupId), member)
         if (refused !== undefined) {
-          // As a client classifies the error: a member out of the group is fenced, a stale generation is not.
-          const reason = refused.startsWith("ILLEGAL_GENERATION") ? "Other" : "Fenced"
-          return yield* producer.transactionFailed(transactionalId, "sendOffsets", reason, refused)
+          return yield* producer.transactionFailed(transactionalId, "sendOffsets", "Other", refused[1], refused[0])
         }
         openTransaction(state, now).offsets.push({ groupId, positions: [...positions] })
       })

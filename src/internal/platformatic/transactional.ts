@@ -25,7 +25,7 @@ const transactionFailed = (transactionalId: string, operation: TransactionFailed
     : isRetriable(cause)
     ? "Disconnected"
     : "Other"
-  return producer.transactionFailed(transactionalId, operation, reason, describe(cause))
+  return producer.transactionFailed(transactionalId, operation, reason, describe(cause), ids[0])
 }
 
 /**

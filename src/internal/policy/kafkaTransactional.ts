@@ -180,6 +180,17 @@ const perPartition = (producers: Producers): Effect.Effect<Transactor, never, Sc
     }
   })
 
+/**
+ * A member whose positions the group's coordinator refuses because it is not in the group any more (its session
+ * expired, or a newer member took its instance id) is fenced: it gives up its partitions and joins again. A refused
+ * generation alone is not: the member may still be in the group at a newer one, and the chunk is settled and tried
+ * again with it.
+ */
+const outOfGroup = (error: TransactionFailed | DriverError): TransactionFailed | DriverError =>
+  error instanceof TransactionFailed && (error.code === "UNKNOWN_MEMBER_ID" || error.code === "FENCED_INSTANCE_ID")
+    ? new TransactionFailed({ ...error, reason: "Fenced" })
+    : error
+
 /** One producer for the member, its transactions fenced by the member's generation (KIP-447). */
 const perMember = (
   context: PolicyContext,
@@ -195,7 +206,7 @@ const perMember = (
       Effect.catchIf(
         inRound(member, partition, next, body),
         (error): error is RoundFailed => error instanceof RoundFailed,
-        (failed) => Effect.fail(failed.error)
+        (failed) => Effect.fail(outOfGroup(failed.error))
       ),
     assign: (partitions) =>
       Effect.zipRight(

@@ -20,9 +20,6 @@ export const reasonOfType = (type: string | undefined): ProduceFailureReason | u
     case "TRANSACTION_COORDINATOR_FENCED":
     case "UNKNOWN_PRODUCER_ID":
     case "INVALID_PRODUCER_ID_MAPPING":
-    // A transaction's positions sent for a consumer that is not in its group any more (KIP-447).
-    case "UNKNOWN_MEMBER_ID":
-    case "FENCED_INSTANCE_ID":
       return "Fenced"
     case "NOT_ENOUGH_REPLICAS":
     case "NOT_ENOUGH_REPLICAS_AFTER_APPEND":

@@ -56,8 +56,16 @@ export const transactionFailed = (
   transactionalId: string,
   operation: TransactionFailed["operation"],
   reason: TransactionFailed["reason"],
-  detail?: string
-) => new TransactionFailed({ transactionalId, operation, reason, ...(detail === undefined ? {} : { detail }) })
+  detail?: string,
+  code?: string
+) =>
+  new TransactionFailed({
+    transactionalId,
+    operation,
+    reason,
+    ...(code === undefined ? {} : { code }),
+    ...(detail === undefined ? {} : { detail })
+  })
 
 /**
  * Runs `body` in a transaction of `client`: its `Producer` sends go into the transaction (batched as the settings
