@@ -99,7 +99,7 @@ export const explain = (outcome: Outcome, store: string): readonly [string, stri
       return [
         "produces each chunk's results and commits its partition's new position in one Kafka transaction.",
         lost === 0 && duplicated === 0
-          ? "A crash aborted both; the next owner fenced the old producer and went on from the committed position."
+          ? "A crash aborted both (the member, restarted, ended its transaction); the next owner went on from the position."
           : `${count(lost)} lost and ${
             count(duplicated)
           } duplicated, which this policy must never do: please report it with the seed.`

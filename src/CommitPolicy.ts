@@ -344,13 +344,14 @@ export const transactional = (
  */
 export interface KafkaTransactionalOptions {
   /**
-   * Put before each partition's transactional id, `<prefix><groupId>-<topic>-<partition>`. Give applications that
-   * share a cluster and a group id distinct prefixes. Default: none.
+   * Put before each transactional id, a member's `<prefix><groupId>-<instanceId>` or a partition's
+   * `<prefix><groupId>-<topic>-<partition>`. Give applications that share a cluster and a group id distinct prefixes.
+   * Default: none.
    */
   readonly transactionalIdPrefix?: string
   /**
-   * Where the driver fences by group metadata (@platformatic/kafka, which sends it): names the member's transactional
-   * producer, `<prefix><groupId>-<instanceId>`. Give each member its own, the same across its restarts (a host name,
+   * Where the driver fences by group metadata (@platformatic/kafka and the in-memory broker, which send it): names
+   * the member's transactional producer, `<prefix><groupId>-<instanceId>`. Give each member its own, the same across its restarts (a host name,
    * a pod name): a restarted member then ends at once the transaction its crashed predecessor left open. Without it
    * the id is random, and such a transaction holds the stable reads of its partitions' positions (and so their next
    * owner's start) until the broker aborts it, `transactionTimeout` after it began. Two live members with the same one
@@ -359,31 +360,44 @@ export interface KafkaTransactionalOptions {
   readonly instanceId?: string
   /**
    * `member` (the default): one transactional producer per member where the driver sends the consumer's group
-   * metadata with a transaction's positions (KIP-447), and one per partition where it cannot (kafkajs, the in-memory
-   * broker). `partition`: one per partition everywhere.
+   * metadata with a transaction's positions (KIP-447: @platformatic/kafka, the in-memory broker), and one per input
+   * partition where it cannot (kafkajs). `partition`: one per input partition everywhere.
    */
   readonly producers?: "member" | "partition"
 }
 
 /**
- * Exactly-once inside Kafka (consume-transform-produce): each chunk of a partition is one Kafka transaction holding
- * the records the handler sends through `Producer` and the partition's new position (`sendOffsetsToTransaction`), so
- * both land or neither does. Consumers of the output topics must read `read_committed` (the default) to see only
+ * Exactly-once inside Kafka (consume-transform-produce): the records a chunk's handler sends through `Producer` and
+ * the partition's new position (`sendOffsetsToTransaction`) are in one Kafka transaction, so both land or neither
+ * does. Consumers of the output topics must read `read_committed` (the default) to see only
  * committed transactions.
  *
- * Fencing follows the classic pattern: a transactional producer per owned input partition, with a transactional id
- * made of the group, the topic and the partition. On assign the member starts that producer, which bumps the id's
- * epoch: every earlier owner of the partition (a zombie paused past its session, say) is fenced, and its open
- * transaction is aborted; only then is the partition's committed position read, which is final. A zombie's late
- * transaction fails with `TransactionFailed` (`Fenced`) and lands nothing; the member gives up its partitions and
- * rejoins (with `rejoin: false`, the consumer ends with the error).
+ * Fencing has two forms; the driver decides which is used (`producers: "partition"` asks for the second everywhere):
+ *
+ * - **A producer per member** (KIP-447), where the driver sends the consumer's group metadata with a transaction's
+ *   positions (`DriverSession.groupMetadata`: @platformatic/kafka and the in-memory broker). The member has one
+ *   transactional producer, `<prefix><groupId>-<instanceId>`, and the chunks of its partitions handled at the same
+ *   time share its transaction: each chunk's handler runs in it, and once none of them is running the transaction
+ *   commits their records and all their positions, sent with the member's generation (or member epoch) and member id.
+ *   The group's coordinator refuses them unless the member is still in the group at that generation: a zombie's
+ *   transaction fails and lands nothing. Refused because the member is not in the group any more
+ *   (`UNKNOWN_MEMBER_ID`), the member gives up its partitions and rejoins; because a newer member took its instance
+ *   id (`FENCED_INSTANCE_ID`), the consumer ends with the `TransactionFailed`; for its generation alone
+ *   (`ILLEGAL_GENERATION`: a rebalance went by), the chunks are settled and tried again with the new one. A chunk whose handler fails aborts the shared transaction: its failure is handled as under the other form,
+ *   and the other chunks of that transaction are handled again in the next. A new owner reads a partition's committed
+ *   position stably, so a transaction of the earlier owner that still carries it is waited for.
+ * - **A producer per input partition** (kafkajs, which cannot send the group metadata), with a transactional id made
+ *   of the group, the topic and the partition. On assign the member starts that producer, which bumps the id's
+ *   epoch: every earlier owner of the partition (a zombie paused past its session, say) is fenced, and its open
+ *   transaction is aborted; only then is the partition's committed position read, which is final. A zombie's late
+ *   transaction fails with `TransactionFailed` (`Fenced`) and lands nothing; the member gives up its partitions and
+ *   rejoins (with `rejoin: false`, the consumer ends with the error).
  *
  * A transaction that fails otherwise (a timeout, a lost connection) is settled before it is tried again: the
- * partition's producer is started anew, which ends the earlier transaction one way or the other, and the committed
- * position says which: past the chunk, it committed; else it is handled again in a new transaction. This goes on
- * until `reconnectTimeout`. A handler failure is retried on the consumer's schedule, each attempt in a new
- * transaction. On revoke, the chunk in flight finishes its transaction (or, interrupted, aborts it) before the
- * partition's producer is closed and the partition released.
+ * producer is started anew, which ends the earlier transaction one way or the other, and the committed position says
+ * which: past the chunk, it committed; else it is handled again in a new transaction. This goes on until
+ * `reconnectTimeout`. A handler failure is retried on the consumer's schedule, each attempt in a new transaction. On
+ * revoke, the chunk in flight finishes its transaction (or, interrupted, aborts it) before the partition is released.
  *
  * The layer provides the `Producer` the handler sends with: inside a chunk's handler it writes into the chunk's
  * transaction; outside one (in a hook) its sends fail with `ProduceFailed`.

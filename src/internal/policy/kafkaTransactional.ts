@@ -43,9 +43,12 @@ const producerOutsideUnit: Context.Tag.Service<typeof Producer> = {
   flush: Effect.void
 }
 
-/** A transaction whose outcome is unknown (a timeout, a lost connection, a client in a broken state). */
+/**
+ * A transaction whose outcome is unknown (a timeout, a lost connection, a client in a broken state). Not one refused
+ * because a newer member took this one's instance id: that ends the consumer, as a commit refused so does.
+ */
 const unsettled = (error: unknown): error is TransactionFailed =>
-  error instanceof TransactionFailed &&
+  error instanceof TransactionFailed && error.code !== "FENCED_INSTANCE_ID" &&
   (error.reason === "Timeout" || error.reason === "Disconnected" || error.reason === "Other")
 
 interface Owned {
@@ -182,12 +185,12 @@ const perPartition = (producers: Producers): Effect.Effect<Transactor, never, Sc
 
 /**
  * A member whose positions the group's coordinator refuses because it is not in the group any more (its session
- * expired, or a newer member took its instance id) is fenced: it gives up its partitions and joins again. A refused
- * generation alone is not: the member may still be in the group at a newer one, and the chunk is settled and tried
- * again with it.
+ * expired) is fenced: it gives up its partitions and joins again. A refused generation alone is not: the member may
+ * still be in the group at a newer one, and the chunk is settled and tried again with it. A newer member with this
+ * one's instance id ends it (`unsettled`).
  */
 const outOfGroup = (error: TransactionFailed | DriverError): TransactionFailed | DriverError =>
-  error instanceof TransactionFailed && (error.code === "UNKNOWN_MEMBER_ID" || error.code === "FENCED_INSTANCE_ID")
+  error instanceof TransactionFailed && error.code === "UNKNOWN_MEMBER_ID"
     ? new TransactionFailed({ ...error, reason: "Fenced" })
     : error
 
