@@ -6,7 +6,8 @@
  *   npm run bench -- --smoke                    every benchmark at tiny sizes, for CI (under a minute)
  *   npm run bench -- --json out.json            also write the results as JSON
  *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer,
- *                                               ordering, retries, observability, drivers, rebalance
+ *                                               ordering, retries, observability, drivers, rebalance,
+ *                                               transactions
  *   npm run bench -- --rounds 7 --warmup 2      more rounds
  *
  * A broker is started with scripts/kafka.sh on a free port (and stopped at the end) unless KAFKA_BROKERS is set.
@@ -26,6 +27,7 @@ import { orderingInMemory, orderingKafka, orderingPostgres, type OrderingSizes }
 import { manyFibers, pipeline, producerThroughput, type ProducerSizes } from "./producer.js"
 import { overhead, realistic, type RealBrokerSizes } from "./realBroker.js"
 import { joinCostInMemory, joinCostKafka, type RebalanceSizes } from "./rebalance.js"
+import { type TransactionSizes, transactionsKafka } from "./transactions.js"
 import { retriesInMemory, retriesKafka, type RetrySizes } from "./retries.js"
 import { makeTopics } from "./topics.js"
 
@@ -42,7 +44,8 @@ const benchmarkIds = [
   "retries",
   "observability",
   "drivers",
-  "rebalance"
+  "rebalance",
+  "transactions"
 ] as const
 type BenchmarkId = (typeof benchmarkIds)[number]
 
@@ -56,6 +59,7 @@ interface Sizes {
   readonly retries: { readonly inMemory: RetrySizes; readonly kafka: RetrySizes }
   readonly observability: ObservabilitySizes
   readonly drivers: DriverSizes
+  readonly transactions: TransactionSizes
   readonly rebalance: RebalanceSizes
 }
 
@@ -78,7 +82,8 @@ const full: Sizes = {
   },
   observability: { inMemoryRecords: 1_000_000, kafkaRecords: 500_000, partitions: 6 },
   drivers: { consumerRecords: 500_000, producerRecords: 200_000, partitions: 6 },
-  rebalance: { records: 300_000, partitions: 6, beforeMillis: 3_000, acrossMillis: 6_000 }
+  rebalance: { records: 300_000, partitions: 6, beforeMillis: 3_000, acrossMillis: 6_000 },
+  transactions: { records: 60_000, partitions: 6 }
 }
 
 const smoke: Sizes = {
@@ -94,7 +99,8 @@ const smoke: Sizes = {
   },
   observability: { inMemoryRecords: 20_000, kafkaRecords: 3_000, partitions: 6 },
   drivers: { consumerRecords: 3_000, producerRecords: 3_000, partitions: 6 },
-  rebalance: { records: 100_000, partitions: 6, beforeMillis: 500, acrossMillis: 1_500 }
+  rebalance: { records: 100_000, partitions: 6, beforeMillis: 500, acrossMillis: 1_500 },
+  transactions: { records: 600, partitions: 6 }
 }
 
 export interface Options {
@@ -207,7 +213,7 @@ const main = async (): Promise<number> => {
   }
   if (
     wants("overhead") || wants("realistic") || wants("backlog") || wants("producer") || wants("ordering") ||
-    wants("retries") || wants("observability") || wants("drivers") || wants("rebalance")
+    wants("retries") || wants("observability") || wants("drivers") || wants("rebalance") || wants("transactions")
   ) {
     try {
       await withBroker(log, async (brokers) => {
@@ -239,6 +245,9 @@ const main = async (): Promise<number> => {
           }
           if (wants("rebalance")) {
             await attempt("rebalance-kafka", () => joinCostKafka(plan, brokers, topics, sizes.rebalance))
+          }
+          if (wants("transactions")) {
+            await attempt("transactions-kafka", () => transactionsKafka(plan, brokers, topics, sizes.transactions))
           }
         } finally {
           await topics.close()

@@ -48,7 +48,8 @@ const expected = [
   "drivers-consumer",
   "drivers-producer",
   "rebalance-inmemory",
-  "rebalance-kafka"
+  "rebalance-kafka",
+  "transactions-kafka"
 ]
 
 const runSmoke = (json: string) =>
