@@ -176,7 +176,8 @@ export const append = (entries: ReadonlyArray<unknown>): Effect.Effect<void, Off
       return Effect.fail(
         fail(
           `the ${transaction.store} store keeps results in its own transaction, not through OffsetStore.append` +
-            " (for Postgres, write with the transaction from PgOffsetStore.sql)"
+            " (for PgOffsetStore, write with the transaction from PgOffsetStore.sql; for SqlOffsetStore, with your own" +
+            " SqlClient)"
         )
       )
     }

@@ -101,8 +101,30 @@ const within = <A, E, R>(what: string, effect: Effect.Effect<A, E, R>) =>
  * The behaviour every `OffsetStore` must have. `layer` is built afresh for every test; tests use their own group ids,
  * so a layer may also share its storage between tests.
  */
-export const offsetStoreSuite = <E>(name: string, layer: Layer.Layer<OffsetStore | SuiteResults, E>) =>
+export const offsetStoreSuite = <E>(
+  name: string,
+  layer: Layer.Layer<OffsetStore | SuiteResults, E>,
+  options: {
+    /**
+     * The store's database takes one writer at a time (SQLite): an open unit holds it, so a claim waits for that
+     * unit, and units of one owner run one after another instead of side by side.
+     */
+    readonly oneWriter?: boolean
+  } = {}
+) =>
   describe(name, () => {
+    const oneWriter = options.oneWriter === true
+    /** Units that wait for each other, where they can run side by side. */
+    const barrierOf = (contenders: number) =>
+      Effect.gen(function*() {
+        if (oneWriter) return Effect.void
+        const arrived = yield* Ref.make(0)
+        const allRunning = yield* Effect.makeLatch(false)
+        return Ref.updateAndGet(arrived, (n) => n + 1).pipe(
+          Effect.flatMap((n) => n === contenders ? allRunning.open : Effect.void),
+          Effect.zipRight(allRunning.await)
+        )
+      })
     const orders0 = TopicPartition.make("orders", 0)
     const orders1 = TopicPartition.make("orders", 1)
 
@@ -230,6 +252,23 @@ export const offsetStoreSuite = <E>(name: string, layer: Layer.Layer<OffsetStore
           )
         )
         yield* within("the zombie's work to start", Deferred.await(working))
+        if (oneWriter) {
+          // The zombie's unit holds the database: the claim waits for it, and includes what it committed.
+          const claiming = yield* Effect.fork(claim(group, orders0))
+          yield* Effect.sleep("50 millis")
+          assert.isNull(claiming.unsafePoll(), "the claim waits for the open unit")
+          yield* Deferred.succeed(finish, undefined)
+          yield* within("the zombie's unit", Fiber.join(zombie))
+          const after = yield* within("the claim", Fiber.join(claiming))
+          assert.deepStrictEqual(after, { epoch: first.epoch + 1n, position: 7n })
+          assert.deepStrictEqual(yield* read(group, orders0), ["a", "zombie"])
+          assertFenced(
+            yield* refusal("the zombie's next unit", commitValues(group, orders0, first.epoch, 9n, ["late"])),
+            first.epoch,
+            after.epoch
+          )
+          return
+        }
         // The zombie's unit is open, its results written: the claim neither waits for it nor includes it.
         const second = yield* within("the claim", claim(group, orders0))
         assert.deepStrictEqual(second, { epoch: first.epoch + 1n, position: 2n })
@@ -285,12 +324,7 @@ export const offsetStoreSuite = <E>(name: string, layer: Layer.Layer<OffsetStore
         const group = newGroup()
         const { epoch } = yield* claim(group, orders0)
         const contenders = 3
-        const arrived = yield* Ref.make(0)
-        const allRunning = yield* Effect.makeLatch(false)
-        const barrier = Ref.updateAndGet(arrived, (n) => n + 1).pipe(
-          Effect.flatMap((n) => n === contenders ? allRunning.open : Effect.void),
-          Effect.zipRight(allRunning.await)
-        )
+        const barrier = yield* barrierOf(contenders)
         const nexts = Array.from({ length: contenders }, (_, i) => BigInt(i + 1))
         yield* within(
           "units running side by side",
@@ -333,12 +367,7 @@ export const offsetStoreSuite = <E>(name: string, layer: Layer.Layer<OffsetStore
           finished
         })
         const contenders: ReadonlyArray<readonly [bigint, bigint]> = [[14n, 15n], [15n, 17n], [20n, 21n]]
-        const arrived = yield* Ref.make(0)
-        const allRunning = yield* Effect.makeLatch(false)
-        const barrier = Ref.updateAndGet(arrived, (n) => n + 1).pipe(
-          Effect.flatMap((n) => n === contenders.length ? allRunning.open : Effect.void),
-          Effect.zipRight(allRunning.await)
-        )
+        const barrier = yield* barrierOf(contenders.length)
         yield* within(
           "units running side by side",
           Effect.all(

@@ -2,15 +2,14 @@
  * The Postgres store's client: its options checked, the connection made, the table created or upgraded, and failures
  * that pass retried.
  */
-import * as Clock from "effect/Clock"
-import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Redacted from "effect/Redacted"
-import * as Schedule from "effect/Schedule"
+import type * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import postgres from "postgres"
 import { InvalidConfig, OffsetStoreError } from "../../../KafkaError.js"
-import { describe, isTransient, isTransientError, STORE, toStoreError, Transient } from "./errors.js"
+import { retrying as retryingOn } from "../retry.js"
+import { describe, isTransient, STORE, toStoreError, Transient } from "./errors.js"
 import { decodeColumns, quote } from "./sql.js"
 import type { IsolationLevel as PgIsolationLevel, Options as PgOffsetStoreOptions } from "../../../PgOffsetStore.js"
 
@@ -31,10 +30,7 @@ export const ISOLATION_LEVELS: ReadonlyArray<IsolationLevel> = ["read committed"
 export type Options = PgOffsetStoreOptions
 
 /** @internal */
-export const defaultRetry: Schedule.Schedule<unknown, OffsetStoreError> = Schedule.exponential("100 millis").pipe(
-  Schedule.union(Schedule.spaced("5 seconds")),
-  Schedule.jittered
-)
+export { defaultRetry } from "../retry.js"
 
 /** A client of the store, the table it keeps positions in, and where the server is (for messages). @internal */
 export interface Client {
@@ -152,41 +148,12 @@ export interface Pg {
   readonly schedule: Schedule.Schedule<unknown, OffsetStoreError>
 }
 
-/**
- * A failure that passes is retried on the schedule, which is built only once something failed; when the schedule
- * ends, the operation fails with the last failure and how long it was retried.
- *
- * @internal
- */
+/** A failure that passes is retried on the store's schedule (see `../retry.ts`). @internal */
 export const retrying = <A, E, R>(
   pg: Pg,
   operation: string,
   effect: Effect.Effect<A, E | Transient, R>
-): Effect.Effect<A, E | OffsetStoreError, R> =>
-  Effect.catchIf(effect, isTransientError, (first) =>
-    Effect.gen(function*() {
-      const driver = yield* Schedule.driver(pg.schedule)
-      const started = yield* Clock.currentTimeMillis
-      const loop = (attempts: number, last: Transient): Effect.Effect<A, E | OffsetStoreError, R> =>
-        driver.next(last.error).pipe(
-          Effect.matchEffect({
-            onFailure: () =>
-              Effect.flatMap(Clock.currentTimeMillis, (now) =>
-                Effect.fail(
-                  new OffsetStoreError({
-                    store: STORE,
-                    operation,
-                    reason: `still failing after ${attempts} attempts over ${
-                      Duration.format(Duration.millis(now - started))
-                    }: ${last.error.reason}`,
-                    cause: last.error.cause
-                  })
-                )),
-            onSuccess: () => Effect.catchIf(effect, isTransientError, (again) => loop(attempts + 1, again))
-          })
-        )
-      return yield* loop(1, first)
-    }))
+): Effect.Effect<A, E | OffsetStoreError, R> => retryingOn(STORE, pg.schedule, operation, effect)
 
 /** A failure of a statement on the pool: retried when it passes. @internal */
 export const onPool = (pg: Pg, operation: string) => (cause: unknown): OffsetStoreError | Transient => {

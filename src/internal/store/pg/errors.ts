@@ -2,7 +2,6 @@
  * What the Postgres store makes of a failure: which ones pass (and are retried), and the `OffsetStoreError` that
  * says what to do about the others.
  */
-import * as Data from "effect/Data"
 import { OffsetStoreError } from "../../../KafkaError.js"
 
 /** @internal */
@@ -90,8 +89,4 @@ export const toStoreError = (operation: string, target: string) => (cause: unkno
   return new OffsetStoreError({ store: STORE, operation, reason: `${describe(cause)}${sqlState}`, cause })
 }
 
-/** A failure that passes: the operation is tried again, on the retry schedule. @internal */
-export class Transient extends Data.TaggedError("Transient")<{ readonly error: OffsetStoreError }> {}
-
-/** @internal */
-export const isTransientError = <E>(error: E | Transient): error is Transient => error instanceof Transient
+export { isTransientError, Transient } from "../retry.js"

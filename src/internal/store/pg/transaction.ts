@@ -144,7 +144,7 @@ export const transactionOf = (operation: string): Effect.Effect<PgTransaction, O
     if (!(handle instanceof PgTransaction)) {
       return fail(
         `the open unit of work belongs to the ${transaction.store} store, not to Postgres` +
-          " (use OffsetStore.append for the memory and file stores)"
+          " (use OffsetStore.append for the memory and file stores, and your own SqlClient for SqlOffsetStore)"
       )
     }
     if (!handle.open) {
