@@ -6,6 +6,7 @@ import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as ManagedRuntime from "effect/ManagedRuntime"
+import * as Ref from "effect/Ref"
 import * as Schedule from "effect/Schedule"
 import { InvalidConfig } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
@@ -15,8 +16,8 @@ import * as TopicPartition from "../src/TopicPartition.js"
 import { offsetStoreSuite, SuiteResults } from "./offsetStoreSuite.js"
 import { clientLayer, type Database, databases, exec, serialKey } from "./support/sqlStores.js"
 
-const run = `${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`
-const table = `kafka_offsets_sql_${run}`
+const runId = `${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`
+const table = `kafka_offsets_sql_${runId}`
 const resultsTable = `${table}_results`
 
 const partitionColumn = (database: Database) => database === "mysql" ? "`partition`" : "\"partition\""
@@ -62,7 +63,11 @@ afterAll(async () => {
   for (const database of ["mysql", "pg"] as const) {
     const runtime = ManagedRuntime.make(clientLayer(database, { poolSize: 1 }))
     await runtime.runPromise(
-      Effect.all([exec(`drop table if exists ${table}`), exec(`drop table if exists ${resultsTable}`)])
+      Effect.all([
+        exec(`drop table if exists ${table}`),
+        exec(`drop table if exists ${resultsTable}`),
+        exec(`drop table if exists ${table}_locks`)
+      ])
     ).catch(() => undefined)
     await runtime.dispose()
   }
@@ -169,4 +174,176 @@ describe("SqlOffsetStore", () => {
       )
       assert.isTrue(Exit.isFailure(exit) && exit.cause._tag === "Fail" && exit.cause.error instanceof InvalidConfig)
     }).pipe(Effect.provide(clientLayer("sqlite"))))
+})
+
+/** A connection of the test's own, reserved from the application's pool, for statements outside any unit. */
+const control = <A, E, R>(
+  f: (run: (text: string) => Effect.Effect<ReadonlyArray<any>, unknown>) => Effect.Effect<A, E, R>
+) =>
+  Effect.scoped(
+    Effect.flatMap(
+      Effect.flatMap(SqlClient.SqlClient, (sql) => sql.reserve),
+      (connection) => f((text) => connection.executeUnprepared(text, [], undefined))
+    )
+  )
+
+/** Polls until `check` holds, for at most 20 seconds: the test waits for a state of the server, not for a time. */
+const until = <E, R>(what: string, check: Effect.Effect<boolean, E, R>) =>
+  Effect.repeat(check, { until: (held) => held, schedule: Schedule.spaced("10 millis") }).pipe(
+    Effect.timeoutFail({ duration: "20 seconds", onTimeout: () => new Error(`timed out waiting for ${what}`) })
+  )
+
+const connectionId = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) =>
+    Effect.map(sql<{ readonly id: string | number }>`select connection_id() as id`, (rows) => String(rows[0]!.id))
+)
+
+describe("SqlOffsetStore on MariaDB, under faults", () => {
+  const layer = suiteLayer("mysql")
+
+  for (const swallowed of [false, true]) {
+    it.live(
+      `a connection killed mid-unit (KILL CONNECTION${
+        swallowed ? ", the work catching the failure and going on" : ""
+      }): rolled back, run again, lands once`,
+      () =>
+        Effect.gen(function*() {
+          const group = newGroup()
+          const { epoch } = yield* claimOne(group)
+          const attempts = yield* Ref.make(0)
+          const work = Effect.gen(function*() {
+            const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+            yield* writeResults(group, ["a"])
+            if (attempt === 1) {
+              const id = yield* connectionId
+              yield* control((run) => run(`kill connection ${id}`))
+            }
+            const second = writeResults(group, ["b"])
+            yield* swallowed ? Effect.ignore(second) : second
+          })
+          yield* commitValues(group, epoch, 2n, work)
+          assert.strictEqual(yield* Ref.get(attempts), 2)
+          assert.deepStrictEqual(yield* readResults(group), ["a", "b"])
+          assert.strictEqual(yield* position(group), 2n)
+        }).pipe(Effect.provide(layer))
+    )
+  }
+
+  it.live("a connection killed while the unit stores its position: nothing lands, it runs again and lands once", () =>
+    Effect.gen(function*() {
+      const group = `hold-${crypto.randomUUID()}`
+      const { epoch } = yield* claimOne(group)
+      // The position's UPDATE waits in a trigger for a lock the test holds, so that the test can kill the unit's
+      // connection at that moment, after the work's writes and before COMMIT.
+      yield* control((run) =>
+        run(
+          `create trigger if not exists hold_${runId} after update on ${table} for each row begin
+             if new.group_id like 'hold-%' then do get_lock(new.group_id, 30); do release_lock(new.group_id); end if;
+           end`
+        )
+      )
+      const attempts = yield* Ref.make(0)
+      const unitConnection = yield* Deferred.make<string>()
+      yield* control((run) =>
+        Effect.gen(function*() {
+          yield* run(`select get_lock('${group}', 5)`)
+          const committing = yield* Effect.fork(commitValues(
+            group,
+            epoch,
+            1n,
+            Effect.gen(function*() {
+              const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+              if (attempt === 1) yield* Deferred.succeed(unitConnection, yield* connectionId)
+              yield* writeResults(group, ["a"])
+            })
+          ))
+          const id = yield* Deferred.await(unitConnection)
+          yield* until(
+            "the position's statement to wait in the trigger",
+            Effect.map(
+              run(`select count(*) as n from information_schema.processlist where state = 'User lock'
+                   and info like '%get_lock%'`),
+              (rows) => Number(rows[0].n) > 0
+            )
+          )
+          yield* run(`kill connection ${id}`)
+          yield* run(`select release_lock('${group}')`)
+          yield* Fiber.join(committing)
+        })
+      )
+      assert.strictEqual(yield* Ref.get(attempts), 2)
+      assert.deepStrictEqual(yield* readResults(group), ["a"])
+      assert.strictEqual(yield* position(group), 1n)
+    }).pipe(Effect.provide(layer)))
+
+  it.live("a unit that deadlocks with another writer is rolled back, runs again and lands once", () =>
+    Effect.gen(function*() {
+      const locks = `${table}_locks`
+      const group = newGroup()
+      yield* exec(`create table if not exists ${locks} (id varchar(100) not null, k int not null, n int not null,
+        primary key (id, k))`)
+      yield* exec(`insert into ${locks} values ('${group}', 1, 0), ('${group}', 2, 0)`)
+      const { epoch } = yield* claimOne(group)
+      const attempts = yield* Ref.make(0)
+      const holdsFirst = yield* Deferred.make<string>()
+      const otherHoldsSecond = yield* Deferred.make<void>()
+      const bump = (k: number) =>
+        Effect.flatMap(
+          SqlClient.SqlClient,
+          (sql) => sql`update ${sql(locks)} set n = n + 1 where id = ${group} and k = ${k}`
+        )
+      const committing = yield* Effect.fork(commitValues(
+        group,
+        epoch,
+        1n,
+        Effect.gen(function*() {
+          const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+          yield* bump(1)
+          if (attempt === 1) {
+            yield* Deferred.succeed(holdsFirst, yield* connectionId)
+            yield* Deferred.await(otherHoldsSecond)
+          }
+          yield* bump(2)
+          yield* writeResults(group, ["a"])
+        })
+      ))
+      const unitId = yield* Deferred.await(holdsFirst)
+      yield* control((run) =>
+        Effect.gen(function*() {
+          yield* run("start transaction")
+          // The other writer has done more: InnoDB rolls back the lighter transaction, the unit's.
+          yield* run(
+            `insert into ${locks} values ${
+              Array.from({ length: 20 }, (_, i) => `('${group}', ${100 + i}, 0)`).join(", ")
+            }`
+          )
+          yield* run(`update ${locks} set n = n + 1 where id = '${group}' and k = 2`)
+          yield* Deferred.succeed(otherHoldsSecond, undefined)
+          yield* until(
+            "the unit to wait for the other writer's row",
+            Effect.map(
+              run(`select count(*) as n from information_schema.innodb_trx
+                   where trx_mysql_thread_id = ${unitId} and trx_state = 'LOCK WAIT'`),
+              (rows) => Number(rows[0].n) > 0
+            )
+          )
+          yield* run(`update ${locks} set n = n + 1 where id = '${group}' and k = 1`)
+          yield* run("commit")
+        })
+      )
+      yield* Fiber.join(committing)
+      assert.strictEqual(yield* Ref.get(attempts), 2, "the first attempt was the deadlock's victim")
+      const counts = yield* Effect.flatMap(
+        SqlClient.SqlClient,
+        (sql) =>
+          sql<{ readonly k: number; readonly n: number }>`select k, n from ${
+            sql(locks)
+          } where id = ${group} and k < 3 order by k`
+      )
+      // The other writer's update and the unit's second attempt each added one; the first attempt's was rolled back.
+      assert.deepStrictEqual(counts.map((row) => [Number(row.k), Number(row.n)]), [[1, 2], [2, 2]])
+      assert.deepStrictEqual(yield* readResults(group), ["a"])
+      assert.strictEqual(yield* position(group), 1n)
+    }).pipe(Effect.provide(layer)))
 })

@@ -30,7 +30,9 @@ import {
   TransactionFailed
 } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
+import * as SqlClient from "@effect/sql/SqlClient"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
+import * as SqlOffsetStore from "../src/SqlOffsetStore.js"
 import * as Producer from "../src/Producer.js"
 import { settled } from "./support/kit.js"
 
@@ -106,6 +108,28 @@ describe("the handler's own error", () => {
       assert.instanceOf(error, HandlerFailed)
       if (error instanceof HandlerFailed) assert.instanceOf(error.cause, DriverError)
     }).pipe(Effect.provide(InMemoryKafka.layer())))
+})
+
+describe("a handler that writes with the application's own SqlClient (SqlOffsetStore)", () => {
+  const writingWithSql = Consumer.run(
+    config,
+    (records) => Effect.flatMap(SqlClient.SqlClient, (sql) => sql`insert into results (n) values (${records.length})`)
+  )
+
+  it("needs no Transaction of the library: only the application's SqlClient, which the store needs too", () => {
+    expectTypeOf(SqlOffsetStore.layer()).toEqualTypeOf<
+      Layer.Layer<OffsetStore.OffsetStore, InvalidConfig | OffsetStore.OffsetStoreError, SqlClient.SqlClient>
+    >()
+    const program = writingWithSql.pipe(
+      Effect.provide(CommitPolicy.transactional().pipe(Layer.provideMerge(SqlOffsetStore.layer()))),
+      Effect.provide(InMemoryKafka.layer())
+    )
+    expectTypeOf<Effect.Effect.Context<typeof program>>().toEqualTypeOf<SqlClient.SqlClient>()
+    // Without the application's client it does not compile.
+    // @ts-expect-error SqlClient is not provided
+    const run = () => Effect.runFork(program)
+    assert.isFunction(run)
+  })
 })
 
 describe("a handler that writes through the store's transaction", () => {

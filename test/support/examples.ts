@@ -69,7 +69,7 @@ const count = (text: string, pattern: RegExp) =>
 /** What each example must print, checked on its standard output. A failed check returns what went wrong. */
 export const examples: ReadonlyArray<{
   readonly file: string
-  readonly needs?: "postgres"
+  readonly needs?: "postgres" | "mysql"
   readonly check: (stdout: string) => string | undefined
 }> = [
   {
@@ -186,5 +186,22 @@ export const examples: ReadonlyArray<{
         ? undefined
         : "10 orders handled, lag 0 on three partitions, order-3's trace linked from its chunk, and the metrics"
     }
+  },
+  {
+    file: "examples/16-exactly-once-mysql.ts",
+    needs: "mysql",
+    check: (out) =>
+      /and MySQL; positions: (15|30), (15|30), (15|30)/.test(out) && /customer-0: 420/.test(out) &&
+        /customer-3: 465/.test(out)
+        ? undefined
+        : "positions summing to 60 and each customer's total once, in MySQL"
+  },
+  {
+    file: "examples/17-exactly-once-sqlite.ts",
+    check: (out) =>
+      /and SQLite; positions: (15|30), (15|30), (15|30)/.test(out) && /customer-0: 420/.test(out) &&
+        /customer-3: 465/.test(out)
+        ? undefined
+        : "positions summing to 60 and each customer's total once, in SQLite"
   }
 ]
