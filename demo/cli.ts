@@ -184,18 +184,27 @@ const json = Options.boolean("json").pipe(
 )
 
 const store = Options.text("store").pipe(
-  Options.withPseudoName("memory|file:<dir>"),
+  Options.withPseudoName("memory|file:<dir>|mysql://...|sqlite:<file>"),
   Options.withDefault("memory"),
   Options.mapEffect((text): Effect.Effect<Store, ValidationError.ValidationError> => {
     if (text === "memory") return Effect.succeed({ _tag: "Memory" })
     if (text.startsWith("file:") && text.length > "file:".length) {
       return Effect.succeed({ _tag: "File", directory: text.slice("file:".length) })
     }
-    return invalid(`--store takes memory or file:<directory>, got ${JSON.stringify(text)}`)
+    if (/^mysql:\/\/\S+$/.test(text)) return Effect.succeed({ _tag: "Mysql", url: text })
+    if (text.startsWith("sqlite:") && text.length > "sqlite:".length) {
+      return Effect.succeed({ _tag: "Sqlite", file: text.slice("sqlite:".length) })
+    }
+    return invalid(
+      `--store takes memory, file:<directory>, mysql://user@host:port/database or sqlite:<file>, got ${
+        JSON.stringify(text)
+      }`
+    )
   }),
   Options.withDescription(
-    "Offset store of transactional: memory, or file:<directory> (one file per committed unit, results inside). " +
-      "Default memory."
+    "Offset store of transactional: memory, file:<directory> (one file per committed unit, results inside), " +
+      "mysql://user@host:port/database (MySQL or MariaDB) or sqlite:<file>, these two through SqlOffsetStore with " +
+      "the results written in the application's own tables. Default memory."
   )
 )
 
@@ -315,7 +324,7 @@ const chooseStore = (args: Args): Effect.Effect<Store, UsageError> => {
     return args.store._tag === "Memory"
       ? Effect.succeed({ _tag: "Postgres", url: args.databaseUrl.value })
       : new UsageError({
-        message: "give either --store file:<directory> or --database-url for transactional, not both"
+        message: "give either --store or --database-url for transactional, not both"
       })
   }
   return Effect.succeed(args.store)
@@ -332,9 +341,9 @@ const describeMoves = (moves: NonNullable<Outcome["moves"]>) => {
 export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknown, FileSystem.FileSystem> =>
   Effect.gen(function*() {
     const store = yield* chooseStore(args)
-    if (Option.isSome(args.brokers) && store._tag === "File") {
+    if (Option.isSome(args.brokers) && store._tag !== "Memory" && store._tag !== "Postgres") {
       return yield* new UsageError({
-        message: "--store file:<directory> runs on the in-memory broker only; with --brokers, results go to " +
+        message: "--store other than memory runs on the in-memory broker only; with --brokers, results go to " +
           "Postgres (--database-url)"
       })
     }

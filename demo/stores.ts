@@ -1,6 +1,6 @@
 /**
- * One lab run on the in-memory broker, with the offset store chosen for `transactional`: memory, a directory, or
- * Postgres (loaded only when asked for).
+ * One lab run on the in-memory broker, with the offset store chosen for `transactional`: memory, a directory,
+ * Postgres, or MySQL or SQLite through `SqlOffsetStore` (the database stores load only when asked for).
  */
 import type * as FileSystem from "@effect/platform/FileSystem"
 import * as Effect from "effect/Effect"
@@ -21,6 +21,8 @@ export type Store =
   | { readonly _tag: "Memory" }
   | { readonly _tag: "File"; readonly directory: string }
   | { readonly _tag: "Postgres"; readonly url: string }
+  | { readonly _tag: "Mysql"; readonly url: string }
+  | { readonly _tag: "Sqlite"; readonly file: string }
 
 /** The store as the report names it. */
 export const describeStore = (store: Store): string => {
@@ -31,6 +33,10 @@ export const describeStore = (store: Store): string => {
       return `file store in ${store.directory}`
     case "Postgres":
       return "Postgres store"
+    case "Mysql":
+      return "MySQL store (SqlOffsetStore)"
+    case "Sqlite":
+      return `SQLite store in ${store.file} (SqlOffsetStore)`
   }
 }
 
@@ -59,6 +65,12 @@ export const runInMemory = (
       return Effect.flatMap(
         Effect.tryPromise(() => import("./postgres.js")),
         (pg) => pg.runTransactional(workload, store.url)
+      )
+    case "Mysql":
+    case "Sqlite":
+      return Effect.flatMap(
+        Effect.tryPromise(() => import("./sql.js")),
+        (sql) => sql.runTransactional(workload, store)
       )
   }
 }
