@@ -5,13 +5,14 @@
  *   npm run bench                               the full run (about 40 minutes on 2 cores, most of it the 16 B run)
  *   npm run bench -- --smoke                    every benchmark at tiny sizes, for CI (under a minute)
  *   npm run bench -- --json out.json            also write the results as JSON
- *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, inmemory, backlog, producer,
+ *   npm run bench -- --only overhead,postgres   a subset: overhead, realistic, postgres, sql, inmemory, backlog, producer,
  *                                               ordering, retries, observability, drivers, rebalance,
  *                                               transactions
  *   npm run bench -- --rounds 7 --warmup 2      more rounds
  *
  * A broker is started with scripts/kafka.sh on a free port (and stopped at the end) unless KAFKA_BROKERS is set.
- * Postgres is read from DATABASE_URL, by default postgres://postgres@127.0.0.1:5432/test.
+ * Postgres is read from DATABASE_URL, by default postgres://postgres@127.0.0.1:5432/test; MariaDB from MYSQL_URL, by
+ * default mysql://root@127.0.0.1:3306/test.
  */
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -23,6 +24,7 @@ import { type DriverSizes, driversConsumer, driversProducer } from "./drivers.js
 import { inMemory } from "./inMemory.js"
 import { observabilityInMemory, observabilityKafka, type ObservabilitySizes } from "./observability.js"
 import { exactlyOnce, type PostgresSizes } from "./postgres.js"
+import { exactlyOnceSql, type SqlStoreSizes } from "./sqlStore.js"
 import { orderingInMemory, orderingKafka, orderingPostgres, type OrderingSizes } from "./ordering.js"
 import { manyFibers, pipeline, producerThroughput, type ProducerSizes } from "./producer.js"
 import { overhead, realistic, type RealBrokerSizes } from "./realBroker.js"
@@ -37,6 +39,7 @@ const benchmarkIds = [
   "overhead",
   "realistic",
   "postgres",
+  "sql",
   "inmemory",
   "backlog",
   "producer",
@@ -52,6 +55,7 @@ type BenchmarkId = (typeof benchmarkIds)[number]
 interface Sizes {
   readonly realBroker: RealBrokerSizes
   readonly postgres: PostgresSizes
+  readonly sql: SqlStoreSizes
   readonly inMemoryRecords: number
   readonly backlog: BacklogSizes
   readonly producer: ProducerSizes
@@ -66,6 +70,7 @@ interface Sizes {
 const full: Sizes = {
   realBroker: { overheadRecords: 1_000_000, overheadValueBytes: [256, 16], realisticRecords: 20_000, partitions: 6 },
   postgres: { recordsPerBatchSize: [[1, 2_000], [100, 30_000], [1000, 100_000]] },
+  sql: { recordsPerBatchSize: [[100, 30_000], [1000, 100_000]] },
   inMemoryRecords: 1_000_000,
   backlog: { small: 100_000, large: 1_000_000, partitions: 6, windowMs: 8_000, chunkDelayMs: 500 },
   producer: {
@@ -89,6 +94,7 @@ const full: Sizes = {
 const smoke: Sizes = {
   realBroker: { overheadRecords: 3_000, overheadValueBytes: [256, 16], realisticRecords: 600, partitions: 6 },
   postgres: { recordsPerBatchSize: [[1, 20], [100, 500], [1000, 3_000]] },
+  sql: { recordsPerBatchSize: [[100, 500], [1000, 3_000]] },
   inMemoryRecords: 20_000,
   backlog: { small: 6_000, large: 30_000, partitions: 6, windowMs: 1_500, chunkDelayMs: 500 },
   producer: { throughputRecords: 3_000, valueBytes: [256, 16], fiberRecords: 500, pipelineRecords: 600, partitions: 6 },
@@ -210,6 +216,11 @@ const main = async (): Promise<number> => {
   if (wants("postgres")) {
     const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
     await attempt("postgres", () => exactlyOnce(plan, url, sizes.postgres))
+  }
+  if (wants("sql")) {
+    for (const database of ["mysql", "sqlite"] as const) {
+      await attempt(`sql-${database}`, () => exactlyOnceSql(plan, database, sizes.sql))
+    }
   }
   if (
     wants("overhead") || wants("realistic") || wants("backlog") || wants("producer") || wants("ordering") ||
