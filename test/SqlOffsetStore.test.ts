@@ -1,4 +1,5 @@
 import { afterAll, assert, describe, it } from "@effect/vitest"
+import { MysqlClient } from "@effect/sql-mysql2"
 import * as SqlClient from "@effect/sql/SqlClient"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
@@ -7,14 +8,16 @@ import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as ManagedRuntime from "effect/ManagedRuntime"
 import * as Ref from "effect/Ref"
+import * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
+import * as net from "node:net"
 import { InvalidConfig } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as SqlOffsetStore from "../src/SqlOffsetStore.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 import { offsetStoreSuite, SuiteResults } from "./offsetStoreSuite.js"
-import { clientLayer, type Database, databases, exec, serialKey } from "./support/sqlStores.js"
+import { clientLayer, type Database, databases, exec, mysqlUrl, serialKey } from "./support/sqlStores.js"
 
 const runId = `${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`
 const table = `kafka_offsets_sql_${runId}`
@@ -346,4 +349,95 @@ describe("SqlOffsetStore on MariaDB, under faults", () => {
       assert.deepStrictEqual(yield* readResults(group), ["a"])
       assert.strictEqual(yield* position(group), 1n)
     }).pipe(Effect.provide(layer)))
+})
+
+/**
+ * A proxy in front of MariaDB that, once armed, drops the connection that sends COMMIT (a COM_QUERY whose text is
+ * `commit`): before passing it on (the transaction does not commit), or after, before its answer reaches the client
+ * (it commits, and the client never hears it).
+ */
+const commitDroppingProxy = Effect.gen(function*() {
+  const state = { armed: undefined as "before" | "after" | undefined, dropped: 0 }
+  const target = new URL(mysqlUrl)
+  const server = yield* Effect.acquireRelease(
+    Effect.async<net.Server>((resume) => {
+      const server = net.createServer((downstream) => {
+        const upstream = net.connect(Number(target.port || 3306), target.hostname)
+        let committing = false
+        const close = () => {
+          downstream.destroy()
+          upstream.destroy()
+        }
+        downstream.on("data", (chunk: Buffer) => {
+          const isCommit = chunk.length > 5 && chunk[4] === 0x03 &&
+            chunk.subarray(5).toString("utf8").trim().toLowerCase() === "commit"
+          if (state.armed !== undefined && isCommit) {
+            if (state.armed === "before") {
+              state.armed = undefined
+              state.dropped++
+              return close()
+            }
+            committing = true
+          }
+          upstream.write(chunk)
+        })
+        upstream.on("data", (chunk: Buffer) => {
+          if (!committing) return downstream.write(chunk)
+          state.armed = undefined
+          state.dropped++
+          close()
+        })
+        for (const socket of [downstream, upstream]) {
+          socket.on("error", close)
+          socket.on("close", close)
+        }
+      })
+      server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
+    }),
+    (server) =>
+      Effect.async<void>((resume) => {
+        server.close(() => resume(Effect.void))
+      })
+  )
+  const address = server.address()
+  const proxied = new URL(mysqlUrl)
+  proxied.hostname = "127.0.0.1"
+  proxied.port = String(typeof address === "object" && address !== null ? address.port : 0)
+  return { state, url: proxied.toString() }
+})
+
+describe("SqlOffsetStore on MariaDB, when the connection is lost during COMMIT", () => {
+  for (const when of ["before", "after"] as const) {
+    it.live(
+      `${when} the server committed: settled from the position's unit id, ${
+        when === "before" ? "run again" : "not run again"
+      }, landed once`,
+      () =>
+        Effect.gen(function*() {
+          const proxy = yield* commitDroppingProxy
+          yield* Effect.gen(function*() {
+            const group = newGroup()
+            const { epoch } = yield* claimOne(group)
+            const attempts = yield* Ref.make(0)
+            proxy.state.armed = when
+            yield* commitValues(
+              group,
+              epoch,
+              5n,
+              Effect.zipRight(Ref.update(attempts, (n) => n + 1), writeResults(group, ["a", "b"]))
+            )
+            assert.strictEqual(proxy.state.dropped, 1, "the proxy dropped the connection at COMMIT")
+            assert.strictEqual(yield* Ref.get(attempts), when === "before" ? 2 : 1)
+            assert.deepStrictEqual(yield* readResults(group), ["a", "b"])
+            assert.strictEqual(yield* position(group), 5n)
+          }).pipe(
+            Effect.provide(
+              Layer.mergeAll(resultsLayer("mysql"), storeLayer()).pipe(
+                Layer.provideMerge(MysqlClient.layer({ url: Redacted.make(proxy.url), maxConnections: 4 }))
+              )
+            )
+          )
+        }).pipe(Effect.scoped)
+    )
+  }
 })
