@@ -196,42 +196,143 @@ const until = <E, R>(what: string, check: Effect.Effect<boolean, E, R>) =>
     Effect.timeoutFail({ duration: "20 seconds", onTimeout: () => new Error(`timed out waiting for ${what}`) })
   )
 
-const connectionId = Effect.flatMap(
-  SqlClient.SqlClient,
-  (sql) =>
-    Effect.map(sql<{ readonly id: string | number }>`select connection_id() as id`, (rows) => String(rows[0]!.id))
-)
-
-describe("SqlOffsetStore on MariaDB, under faults", () => {
-  const layer = suiteLayer("mysql")
-
-  for (const swallowed of [false, true]) {
-    it.live(
-      `a connection killed mid-unit (KILL CONNECTION${
-        swallowed ? ", the work catching the failure and going on" : ""
-      }): rolled back, run again, lands once`,
-      () =>
-        Effect.gen(function*() {
-          const group = newGroup()
-          const { epoch } = yield* claimOne(group)
-          const attempts = yield* Ref.make(0)
-          const work = Effect.gen(function*() {
-            const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
-            yield* writeResults(group, ["a"])
-            if (attempt === 1) {
-              const id = yield* connectionId
-              yield* control((run) => run(`kill connection ${id}`))
-            }
-            const second = writeResults(group, ["b"])
-            yield* swallowed ? Effect.ignore(second) : second
-          })
-          yield* commitValues(group, epoch, 2n, work)
-          assert.strictEqual(yield* Ref.get(attempts), 2)
-          assert.deepStrictEqual(yield* readResults(group), ["a", "b"])
-          assert.strictEqual(yield* position(group), 2n)
-        }).pipe(Effect.provide(layer))
-    )
+/** What the fault tests do differently on each server. */
+const faults = {
+  mysql: {
+    connectionId: "select connection_id() as id",
+    kill: (id: string) => `kill connection ${id}`,
+    killName: "KILL CONNECTION",
+    waitingForLock: (id: string) =>
+      `select count(*) as n from information_schema.innodb_trx where trx_mysql_thread_id = ${id}
+       and trx_state = 'LOCK WAIT'`,
+    begin: "start transaction"
+  },
+  pg: {
+    connectionId: "select pg_backend_pid() as id",
+    kill: (id: string) => `select pg_terminate_backend(${id})`,
+    killName: "pg_terminate_backend",
+    waitingForLock: (id: string) =>
+      `select count(*) as n from pg_stat_activity where pid = ${id} and wait_event_type = 'Lock'`,
+    begin: "begin"
   }
+} as const
+
+/** The id of the connection a statement of the unit runs on, asked in the unit. */
+const connectionId = (database: "mysql" | "pg") =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      Effect.map(
+        sql.unsafe<{ readonly id: string | number }>(faults[database].connectionId),
+        (rows) => String(rows[0]!.id)
+      )
+  )
+
+for (const database of ["mysql", "pg"] as const) {
+  describe(`SqlOffsetStore on ${database === "mysql" ? "MariaDB" : "Postgres"}, under faults`, () => {
+    const layer = suiteLayer(database)
+    const fault = faults[database]
+
+    for (const swallowed of [false, true]) {
+      it.live(
+        `a connection killed mid-unit (${fault.killName}${
+          swallowed ? ", the work catching the failure and going on" : ""
+        }): rolled back, run again, lands once`,
+        () =>
+          Effect.gen(function*() {
+            const group = newGroup()
+            const { epoch } = yield* claimOne(group)
+            const attempts = yield* Ref.make(0)
+            const work = Effect.gen(function*() {
+              const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+              yield* writeResults(group, ["a"])
+              if (attempt === 1) {
+                const id = yield* connectionId(database)
+                yield* control((run) => run(fault.kill(id)))
+              }
+              const second = writeResults(group, ["b"])
+              yield* swallowed ? Effect.ignore(second) : second
+            })
+            yield* commitValues(group, epoch, 2n, work)
+            assert.strictEqual(yield* Ref.get(attempts), 2)
+            assert.deepStrictEqual(yield* readResults(group), ["a", "b"])
+            assert.strictEqual(yield* position(group), 2n)
+          }).pipe(Effect.provide(layer))
+      )
+    }
+
+    it.live("a unit that deadlocks with another writer is rolled back, runs again and lands once", () =>
+      Effect.gen(function*() {
+        const locks = `${table}_locks`
+        const group = newGroup()
+        yield* exec(`create table if not exists ${locks} (id varchar(100) not null, k int not null, n int not null,
+          primary key (id, k))`)
+        yield* exec(`insert into ${locks} values ('${group}', 1, 0), ('${group}', 2, 0)`)
+        const { epoch } = yield* claimOne(group)
+        const attempts = yield* Ref.make(0)
+        const holdsFirst = yield* Deferred.make<string>()
+        const otherHoldsSecond = yield* Deferred.make<void>()
+        const bump = (k: number) =>
+          Effect.flatMap(
+            SqlClient.SqlClient,
+            (sql) => sql`update ${sql(locks)} set n = n + 1 where id = ${group} and k = ${k}`
+          )
+        const committing = yield* Effect.fork(commitValues(
+          group,
+          epoch,
+          1n,
+          Effect.gen(function*() {
+            const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
+            yield* bump(1)
+            if (attempt === 1) {
+              yield* Deferred.succeed(holdsFirst, yield* connectionId(database))
+              yield* Deferred.await(otherHoldsSecond)
+            }
+            yield* bump(2)
+            yield* writeResults(group, ["a"])
+          })
+        ))
+        const unitId = yield* Deferred.await(holdsFirst)
+        yield* control((run) =>
+          Effect.gen(function*() {
+            yield* run(fault.begin)
+            // The other writer has done more: InnoDB rolls back the lighter transaction, the unit's. Postgres rolls
+            // back the one whose deadlock check runs first: the unit's, which began waiting first.
+            yield* run(
+              `insert into ${locks} values ${
+                Array.from({ length: 20 }, (_, i) => `('${group}', ${100 + i}, 0)`).join(", ")
+              }`
+            )
+            yield* run(`update ${locks} set n = n + 1 where id = '${group}' and k = 2`)
+            yield* Deferred.succeed(otherHoldsSecond, undefined)
+            yield* until(
+              "the unit to wait for the other writer's row",
+              Effect.map(run(fault.waitingForLock(unitId)), (rows) => Number(rows[0].n) > 0)
+            )
+            yield* run(`update ${locks} set n = n + 1 where id = '${group}' and k = 1`)
+            yield* run("commit")
+          })
+        )
+        yield* Fiber.join(committing)
+        assert.strictEqual(yield* Ref.get(attempts), 2, "the first attempt was the deadlock's victim")
+        const counts = yield* Effect.flatMap(
+          SqlClient.SqlClient,
+          (sql) =>
+            sql<{ readonly k: number; readonly n: number }>`select k, n from ${
+              sql(locks)
+            } where id = ${group} and k < 3 order by k`
+        )
+        // The other writer's update and the unit's second attempt each added one; the first attempt's was rolled
+        // back.
+        assert.deepStrictEqual(counts.map((row) => [Number(row.k), Number(row.n)]), [[1, 2], [2, 2]])
+        assert.deepStrictEqual(yield* readResults(group), ["a"])
+        assert.strictEqual(yield* position(group), 1n)
+      }).pipe(Effect.provide(layer)))
+  })
+}
+
+describe("SqlOffsetStore on MariaDB, when the position is being stored", () => {
+  const layer = suiteLayer("mysql")
 
   it.live("a connection killed while the unit stores its position: nothing lands, it runs again and lands once", () =>
     Effect.gen(function*() {
@@ -257,7 +358,7 @@ describe("SqlOffsetStore on MariaDB, under faults", () => {
             1n,
             Effect.gen(function*() {
               const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
-              if (attempt === 1) yield* Deferred.succeed(unitConnection, yield* connectionId)
+              if (attempt === 1) yield* Deferred.succeed(unitConnection, yield* connectionId("mysql"))
               yield* writeResults(group, ["a"])
             })
           ))
@@ -276,76 +377,6 @@ describe("SqlOffsetStore on MariaDB, under faults", () => {
         })
       )
       assert.strictEqual(yield* Ref.get(attempts), 2)
-      assert.deepStrictEqual(yield* readResults(group), ["a"])
-      assert.strictEqual(yield* position(group), 1n)
-    }).pipe(Effect.provide(layer)))
-
-  it.live("a unit that deadlocks with another writer is rolled back, runs again and lands once", () =>
-    Effect.gen(function*() {
-      const locks = `${table}_locks`
-      const group = newGroup()
-      yield* exec(`create table if not exists ${locks} (id varchar(100) not null, k int not null, n int not null,
-        primary key (id, k))`)
-      yield* exec(`insert into ${locks} values ('${group}', 1, 0), ('${group}', 2, 0)`)
-      const { epoch } = yield* claimOne(group)
-      const attempts = yield* Ref.make(0)
-      const holdsFirst = yield* Deferred.make<string>()
-      const otherHoldsSecond = yield* Deferred.make<void>()
-      const bump = (k: number) =>
-        Effect.flatMap(
-          SqlClient.SqlClient,
-          (sql) => sql`update ${sql(locks)} set n = n + 1 where id = ${group} and k = ${k}`
-        )
-      const committing = yield* Effect.fork(commitValues(
-        group,
-        epoch,
-        1n,
-        Effect.gen(function*() {
-          const attempt = yield* Ref.updateAndGet(attempts, (n) => n + 1)
-          yield* bump(1)
-          if (attempt === 1) {
-            yield* Deferred.succeed(holdsFirst, yield* connectionId)
-            yield* Deferred.await(otherHoldsSecond)
-          }
-          yield* bump(2)
-          yield* writeResults(group, ["a"])
-        })
-      ))
-      const unitId = yield* Deferred.await(holdsFirst)
-      yield* control((run) =>
-        Effect.gen(function*() {
-          yield* run("start transaction")
-          // The other writer has done more: InnoDB rolls back the lighter transaction, the unit's.
-          yield* run(
-            `insert into ${locks} values ${
-              Array.from({ length: 20 }, (_, i) => `('${group}', ${100 + i}, 0)`).join(", ")
-            }`
-          )
-          yield* run(`update ${locks} set n = n + 1 where id = '${group}' and k = 2`)
-          yield* Deferred.succeed(otherHoldsSecond, undefined)
-          yield* until(
-            "the unit to wait for the other writer's row",
-            Effect.map(
-              run(`select count(*) as n from information_schema.innodb_trx
-                   where trx_mysql_thread_id = ${unitId} and trx_state = 'LOCK WAIT'`),
-              (rows) => Number(rows[0].n) > 0
-            )
-          )
-          yield* run(`update ${locks} set n = n + 1 where id = '${group}' and k = 1`)
-          yield* run("commit")
-        })
-      )
-      yield* Fiber.join(committing)
-      assert.strictEqual(yield* Ref.get(attempts), 2, "the first attempt was the deadlock's victim")
-      const counts = yield* Effect.flatMap(
-        SqlClient.SqlClient,
-        (sql) =>
-          sql<{ readonly k: number; readonly n: number }>`select k, n from ${
-            sql(locks)
-          } where id = ${group} and k < 3 order by k`
-      )
-      // The other writer's update and the unit's second attempt each added one; the first attempt's was rolled back.
-      assert.deepStrictEqual(counts.map((row) => [Number(row.k), Number(row.n)]), [[1, 2], [2, 2]])
       assert.deepStrictEqual(yield* readResults(group), ["a"])
       assert.strictEqual(yield* position(group), 1n)
     }).pipe(Effect.provide(layer)))
