@@ -204,7 +204,8 @@ const store = Options.text("store").pipe(
   Options.withDescription(
     "Offset store of transactional: memory, file:<directory> (one file per committed unit, results inside), " +
       "mysql://user@host:port/database (MySQL or MariaDB) or sqlite:<file>, these two through SqlOffsetStore with " +
-      "the results written in the application's own tables. Default memory."
+      "the results written in the application's own tables. With --brokers, mysql://... keeps transactional's " +
+      "positions and results in MySQL. Default memory."
   )
 )
 
@@ -286,6 +287,7 @@ const defaultDatabaseUrl = "postgres://postgres@127.0.0.1:5432/test"
 /** Runs one policy on a real broker; the module (and the clients) load only when `--brokers` is given. */
 const runReal = (
   args: Args,
+  store: Store,
   policy: PolicyName,
   brokerList: string,
   onProgress: (results: number, kills: number) => void
@@ -302,6 +304,7 @@ const runReal = (
       seed: args.seed,
       brokers: brokerList,
       databaseUrl,
+      ...(store._tag === "Mysql" ? { mysqlUrl: store.url } : {}),
       driver: args.driver,
       rebalance: args.rebalance,
       rebalances: true,
@@ -341,10 +344,10 @@ const describeMoves = (moves: NonNullable<Outcome["moves"]>) => {
 export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknown, FileSystem.FileSystem> =>
   Effect.gen(function*() {
     const store = yield* chooseStore(args)
-    if (Option.isSome(args.brokers) && store._tag !== "Memory" && store._tag !== "Postgres") {
+    if (Option.isSome(args.brokers) && (store._tag === "File" || store._tag === "Sqlite")) {
       return yield* new UsageError({
-        message: "--store other than memory runs on the in-memory broker only; with --brokers, results go to " +
-          "Postgres (--database-url)"
+        message: `--store ${store._tag === "File" ? "file:" : "sqlite:"} runs on the in-memory broker only; with ` +
+          "--brokers, results go to Postgres (--database-url), or for transactional to MySQL (--store mysql://...)"
       })
     }
     const real = Option.isSome(args.brokers)
@@ -357,7 +360,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
     if (real && args.poisonRate > 0) {
       return yield* new UsageError({ message: "--poison-rate runs on the in-memory broker only" })
     }
-    const storeName = real ? "Postgres store" : describeStore(store)
+    const storeName = real && store._tag !== "Mysql" ? "Postgres store" : describeStore(store)
     const maxCrashes = Option.getOrElse(args.maxCrashes, () => real ? 3 : 60)
     if (!args.json) {
       yield* Console.log(
@@ -391,6 +394,7 @@ export const runLab = (args: Args): Effect.Effect<ReadonlyArray<Outcome>, unknow
       const run = Option.isSome(args.brokers)
         ? runReal(
           args,
+          store,
           policy,
           args.brokers.value,
           (results, kills) => line.update("handled", results, args.records, kills)

@@ -1,7 +1,7 @@
 /**
  * Every policy end to end against the real broker, with real processes: consumer members run as child processes,
  * are killed with SIGKILL while records flow and restarted, join and leave, and survive a broker restart; Postgres
- * counts what each record's handler did.
+ * (or MariaDB, for `transactional` on `SqlOffsetStore`) counts what each record's handler did.
  */
 import { assert, describe, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
@@ -14,6 +14,7 @@ import { eventually } from "./support/kit.js"
 
 const brokers = process.env.KAFKA_BROKERS || inject("kafkaBrokers")
 const databaseUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
+const mysqlUrl = process.env.MYSQL_URL ?? "mysql://root@127.0.0.1:3306/test"
 const policies = ["atMostOnce", "autoCommit", "commitAfter", "transactional", "kafkaTransactional"] as const
 
 type DriverName = NonNullable<RealWorkload["driver"]>
@@ -109,6 +110,32 @@ if (brokers) {
         { timeout: 15 * 60_000 }
       )
     }
+
+    it.live(
+      "SIGKILL, transactional with positions and results in MariaDB (SqlOffsetStore): 3 members on 6 partitions, 20,000 records, 20 kills, on platformatic with eager rebalances",
+      () =>
+        Effect.gen(function*() {
+          // The handler writes each record's count with its own SqlClient; the store commits it with the position.
+          const o = yield* runRealWorkload({
+            policy: "transactional",
+            records: 20_000,
+            partitions: 6,
+            consumers: 3,
+            kills: 20,
+            seed: 6001,
+            brokers,
+            databaseUrl,
+            mysqlUrl,
+            driver: "platformatic",
+            rebalance: "eager"
+          })
+          const text = figures("SIGKILL, MariaDB (SqlOffsetStore)", o, "platformatic", "eager")
+          console.log(text)
+          assert.isAtLeast(o.crashes, 20, text)
+          assertGuarantee(o, text)
+        }),
+      { timeout: 10 * 60_000 }
+    )
 
     it.live(
       "SIGKILL by key: 2,000 keys, concurrency 64, 20 kills and a rebalance under load; commitAfter by key beside commitAfter by partition, transactional by key, on both drivers",

@@ -1,10 +1,12 @@
 /**
  * One consumer of the cluster lab as a process of its own: it consumes a topic under the chosen commit policy and
  * counts each record it handles in a Postgres results table, so that a run can tell, after SIGKILLs and restarts,
- * which records were lost or handled twice.
+ * which records were lost or handled twice. Under `transactional` with `--mysql-url`, the positions
+ * (`SqlOffsetStore`) and the results table are in MariaDB instead, written through the member's own `SqlClient`.
  *
  *   node --import tsx demo/cluster/member.ts --brokers 127.0.0.1:19092 --topic T --group G --policy commitAfter \
- *     --database-url postgres://postgres@127.0.0.1:5432/test --results-table results [--offsets-table offsets]
+ *     --database-url postgres://postgres@127.0.0.1:5432/test --results-table results [--offsets-table offsets] \
+ *     [--mysql-url mysql://root@127.0.0.1:3306/test]
  *
  * It prints `ready` once it has been assigned partitions, `assigned <topic>-<partition>` and
  * `revoked <topic>-<partition>` as its assignment changes, and runs until SIGTERM or SIGINT, on which it leaves the
@@ -27,6 +29,7 @@ import type { Driver } from "../../src/Driver.js"
 import * as KafkaJs from "../../src/KafkaJs.js"
 import * as Platformatic from "../../src/Platformatic.js"
 import * as PgOffsetStore from "../../src/PgOffsetStore.js"
+import * as SqlOffsetStore from "../../src/SqlOffsetStore.js"
 import * as Producer from "../../src/Producer.js"
 import * as Codec from "../../src/Codec.js"
 import * as FailureRoute from "../../src/FailureRoute.js"
@@ -34,7 +37,7 @@ import { type DecodeFailed, type ProduceFailed, RecordFailed } from "../../src/K
 import * as Schema from "effect/Schema"
 import * as TopicPartition from "../../src/TopicPartition.js"
 import { type MemberOptions, outputTopicOf, parse } from "./options.js"
-import { recordHandled } from "./results.js"
+import { mysqlClient, recordHandled, recordHandledSql } from "./results.js"
 
 class ResultsWriteFailed extends Data.TaggedError("ResultsWriteFailed")<{ readonly cause: unknown }> {
   override get message() {
@@ -59,6 +62,15 @@ const transactionalLayer = (options: MemberOptions) =>
           ),
           (sql) => PgOffsetStore.layer({ sql, table: options.offsetsTable, migrate: true })
         ))
+    )
+  )
+
+// The store and the handler share the member's MariaDB client: the handler's `sql` writes in the unit's transaction.
+const mysqlTransactionalLayer = (options: MemberOptions, url: string) =>
+  CommitPolicy.transactional().pipe(
+    Layer.provideMerge(SqlOffsetStore.layer({ table: options.offsetsTable, migrate: true })),
+    Layer.provideMerge(
+      mysqlClient(url, options.ordering === "partition" ? 8 : Math.min(16, options.concurrency))
     )
   )
 
@@ -186,6 +198,16 @@ const member = (options: MemberOptions) =>
           value: `${r.partition}@${r.offset}`
         }))))
       return yield* routed(handler).pipe(Effect.provide(policy))
+    }
+    if (options.policy === "transactional" && options.mysqlUrl !== undefined) {
+      // The results go through the member's own `sql`, which the store runs in the unit's transaction.
+      const { mysqlUrl, resultsTable } = options
+      return yield* consume((records, tp) =>
+        pace(Effect.mapError(
+          recordHandledSql(resultsTable, tp.topic, tp.partition, offsetsOf(records)),
+          (cause) => new ResultsWriteFailed({ cause })
+        ))
+      ).pipe(Effect.provide(mysqlTransactionalLayer(options, mysqlUrl)))
     }
     if (options.policy === "transactional") {
       // The results go through the offset store's transaction: they commit with the position, or not at all.

@@ -41,8 +41,13 @@ export interface MemberOptions {
   readonly databaseUrl: string
   /** Where the handler counts each record it handled, keyed by (topic, partition, offset). */
   readonly resultsTable: string
-  /** The positions of `transactional` (a `PgOffsetStore` table). */
+  /** The positions of `transactional` (a `PgOffsetStore` table, or a `SqlOffsetStore` one in MariaDB). */
   readonly offsetsTable: string
+  /**
+   * Under `transactional`: keep the positions (`SqlOffsetStore`) and the results table in this MariaDB (or MySQL)
+   * database, written through the member's own `SqlClient`, instead of Postgres.
+   */
+  readonly mysqlUrl: string | undefined
   readonly clientId: string
   readonly maxPollRecords: number
   /** Time the handler spends on each chunk, half before its write and half after, as real work would. */
@@ -79,7 +84,7 @@ const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/
 const usage = "usage: member.ts --brokers host:port --topic T --group G " +
   "--policy atMostOnce|autoCommit|commitAfter|transactional|kafkaTransactional --database-url URL " +
   "--results-table NAME " +
-  "[--offsets-table NAME] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
+  "[--offsets-table NAME] [--mysql-url URL] [--client-id ID] [--max-poll-records N] [--handler-millis MS] " +
   "[--session-timeout-millis MS] [--ordering partition|key|unordered] [--concurrency N] [--dead-letter-topic T] " +
   "[--retry-delays MS,MS] " +
   "[--supervised] [--driver kafkajs|platformatic] [--rebalance eager|cooperative|consumer] [--static-membership] (or KAFKA_BROKERS, DATABASE_URL in the environment)"
@@ -103,6 +108,7 @@ export const parse = (
             "database-url": { type: "string" },
             "results-table": { type: "string" },
             "offsets-table": { type: "string" },
+            "mysql-url": { type: "string" },
             "client-id": { type: "string" },
             "max-poll-records": { type: "string" },
             "handler-millis": { type: "string" },
@@ -147,6 +153,11 @@ export const parse = (
         message: `--policy must be one of ${policies.join(", ")}, got "${policy}"`
       })
     }
+    if (parsed["mysql-url"] !== undefined && policy !== "transactional") {
+      return yield* new MemberConfigError({
+        message: `--mysql-url is for --policy transactional (its positions and results), got "${policy}"`
+      })
+    }
     const groupId = yield* required("group", parsed.group)
     const ordering = parsed.ordering ?? "partition"
     if (!orderings.includes(ordering as Ordering)) {
@@ -179,6 +190,7 @@ export const parse = (
       databaseUrl: yield* required("database-url", parsed["database-url"] ?? env.DATABASE_URL),
       resultsTable: yield* identifier("results-table", yield* required("results-table", parsed["results-table"])),
       offsetsTable: yield* identifier("offsets-table", parsed["offsets-table"] ?? "kafka_offsets"),
+      mysqlUrl: parsed["mysql-url"] === undefined ? undefined : yield* required("mysql-url", parsed["mysql-url"]),
       clientId: parsed["client-id"] ?? groupId,
       maxPollRecords: yield* integer("max-poll-records", parsed["max-poll-records"], 50, 1),
       handlerMillis: yield* integer("handler-millis", parsed["handler-millis"], 0, 0),
@@ -210,6 +222,7 @@ export const toArgs = (options: MemberOptions): Array<string> => [
   options.resultsTable,
   "--offsets-table",
   options.offsetsTable,
+  ...(options.mysqlUrl === undefined ? [] : ["--mysql-url", options.mysqlUrl]),
   "--client-id",
   options.clientId,
   "--max-poll-records",

@@ -1,7 +1,8 @@
 /**
  * The semantics lab against a real broker, with real processes: consumer members run as child processes
  * (`member.ts`), are killed with SIGKILL at random moments while records flow and restarted, and every record's
- * handling is counted in Postgres. At the end the count says, record by record, what each policy lost or duplicated.
+ * handling is counted in Postgres (or, for `transactional` with `mysqlUrl`, in MariaDB beside its positions). At the end
+ * the count says, record by record, what each policy lost or duplicated.
  * `CLUSTER_VERBOSE=1` copies the members' output to standard error.
  */
 import { type ChildProcess, spawn } from "node:child_process"
@@ -17,9 +18,7 @@ import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import { Kafka, logLevel } from "kafkajs"
-import postgres from "postgres"
 import * as KafkaJs from "../../src/KafkaJs.js"
-import * as PgOffsetStore from "../../src/PgOffsetStore.js"
 import { type Outcome, random } from "../lab.js"
 import { readCommitted } from "../lab.js"
 import {
@@ -31,7 +30,7 @@ import {
   type RealRebalance,
   toArgs
 } from "./options.js"
-import { createResultsTable, dropTable, handledAmong, handledCount, tallyByPartition } from "./results.js"
+import { mariadbTables, postgresTables, type ResultsFailed } from "./results.js"
 import * as FailureRoute from "../../src/FailureRoute.js"
 
 export interface RealWorkload {
@@ -49,6 +48,11 @@ export interface RealWorkload {
   readonly seed: number
   readonly brokers: string
   readonly databaseUrl: string
+  /**
+   * Under `transactional`: the positions (`SqlOffsetStore`) and the results in this MariaDB (or MySQL) database,
+   * `mysql://user@host:port/database`, instead of Postgres. The other policies keep their results in Postgres.
+   */
+  readonly mysqlUrl?: string
   /** Two more members join (at a quarter and half of the records) and one leaves again (at three quarters). */
   readonly rebalances?: boolean
   readonly onProgress?: (p: { readonly results: number; readonly kills: number }) => void
@@ -318,9 +322,27 @@ const tryPromise = <A>(what: string, f: () => Promise<A>) =>
       new ClusterRunError({ message: `${what} failed: ${cause instanceof Error ? cause.message : String(cause)}` })
   })
 
+const inTables = <A, R>(what: string, effect: Effect.Effect<A, ResultsFailed, R>) =>
+  Effect.mapError(effect, (error) => new ClusterRunError({ message: `${what} failed: ${error.message}` }))
+
+/** The MariaDB a `transactional` run keeps its positions and results in, if any; the other runs use Postgres. */
+const mysqlUrlOf = (workload: RealWorkload) => workload.policy === "transactional" ? workload.mysqlUrl : undefined
+
+/** The run's tables, created for it and dropped at the end of the scope: in MariaDB with `mysqlUrlOf`, else Postgres. */
+const runTables = (workload: RealWorkload, resultsTable: string, offsetsTable: string) => {
+  const mysqlUrl = mysqlUrlOf(workload)
+  const options = { resultsTable, offsetsTable, transactional: workload.policy === "transactional" }
+  return mysqlUrl === undefined
+    ? inTables(
+      `creating the tables in ${workload.databaseUrl}`,
+      postgresTables({ ...options, url: workload.databaseUrl })
+    )
+    : inTables(`creating the tables in ${mysqlUrl}`, mariadbTables({ ...options, url: mysqlUrl }))
+}
+
 /**
  * Runs the workload to the end and counts what the handlers did: every partition's position (Kafka's committed
- * offset, or the Postgres offsets table under `transactional`) reaches the end of the topic, then the members stop
+ * offset, or the offsets table under `transactional`) reaches the end of the topic, then the members stop
  * cleanly. The topic, the group and the tables are removed afterwards; no member process outlives the run.
  */
 let runs = 0
@@ -350,21 +372,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       stops * (sessionTimeoutMillis + 6_000)
     const handlerMillis = workload.handlerMillis ?? Math.min(1_000, Math.round(flowMillis / chunksPerPartition))
 
-    const sql = yield* Effect.acquireRelease(
-      Effect.sync(() => postgres(workload.databaseUrl, { max: 2, onnotice: () => {} })),
-      (sql) => Effect.tryPromise(() => sql.end({ timeout: 5 })).pipe(Effect.timeoutOption("10 seconds"), Effect.ignore)
-    )
-    yield* Effect.acquireRelease(
-      tryPromise(`creating the results table in ${workload.databaseUrl}`, () => createResultsTable(sql, resultsTable)),
-      () =>
-        tryPromise("dropping the tables", async () => {
-          await dropTable(sql, resultsTable)
-          await dropTable(sql, offsetsTable)
-        }).pipe(Effect.timeoutOption("10 seconds"), Effect.ignore)
-    )
-    if (workload.policy === "transactional") {
-      yield* PgOffsetStore.migrate({ url: workload.databaseUrl, table: offsetsTable })
-    }
+    const tables = yield* runTables(workload, resultsTable, offsetsTable)
 
     const brokers = Array.from(yield* KafkaJs.parseBrokers(workload.brokers))
     const admin = new Kafka({ clientId: "cluster-lab", brokers, logLevel: logLevel.NOTHING }).admin()
@@ -413,13 +421,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       of: string
     ): Effect.Effect<ReadonlyMap<number, bigint>, ClusterRunError> =>
       workload.policy === "transactional"
-        ? tryPromise("reading stored positions", async () => {
-          const rows = await sql.unsafe(
-            `select partition, next_offset::text as next from "${offsetsTable}" where group_id = $1 and topic = $2`,
-            [groupId, of]
-          )
-          return new Map(rows.map((row) => [Number(row.partition), BigInt(row.next)] as const))
-        })
+        ? inTables("reading stored positions", tables.storedPositions(groupId, of))
         : tryPromise("reading committed offsets", async () => {
           const response = await admin.fetchOffsets({ groupId, topics: [of] })
           const out = new Map<number, bigint>()
@@ -448,6 +450,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
       databaseUrl: workload.databaseUrl,
       resultsTable,
       offsetsTable,
+      mysqlUrl: mysqlUrlOf(workload),
       clientId: `${workload.policy}-${name}`,
       maxPollRecords,
       handlerMillis: disturbancesLeft > 0 ? handlerMillis : 0,
@@ -549,7 +552,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
         for (const at of ps.values()) if (at > 0n) n += Number(at)
         return n
       })
-      : tryPromise("reading progress", () => handledCount(sql, resultsTable, topic))
+      : inTables("reading progress", tables.handledCount(topic))
     const reporter = Effect.gen(function*() {
       handled = yield* progress
       workload.onProgress?.({ results: handled, kills })
@@ -692,7 +695,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
 
     const tally = workload.policy === "kafkaTransactional"
       ? yield* outputTally(workload.brokers, topic, workload.partitions)
-      : yield* tryPromise("reading the results", () => tallyByPartition(sql, resultsTable, topic))
+      : yield* inTables("reading the results", tables.tallyByPartition(topic))
     const letters = poisonRate > 0 ? yield* deadLetterAudit(workload.brokers, topic, workload.partitions) : undefined
     let lost = 0
     let duplicated = 0
@@ -706,7 +709,7 @@ export const runRealWorkload = (workload: RealWorkload): Effect.Effect<RealOutco
     // Records both handled and dead-lettered: counted once too few as lost above.
     const both = letters === undefined ? 0 : workload.policy === "kafkaTransactional"
       ? yield* outputHolds(workload.brokers, topic, workload.partitions, letters.keys)
-      : yield* tryPromise("reading the results", () => handledAmong(sql, resultsTable, topic, letters.keys))
+      : yield* inTables("reading the results", tables.handledAmong(topic, letters.keys))
     lost += both
     workload.onProgress?.({ results: handled, kills })
     return {
