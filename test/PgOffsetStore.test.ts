@@ -9,7 +9,6 @@ import * as Layer from "effect/Layer"
 import * as Queue from "effect/Queue"
 import * as Ref from "effect/Ref"
 import * as Schedule from "effect/Schedule"
-import * as net from "node:net"
 import postgres from "postgres"
 import { OutsideUnit } from "../src/internal/store/unitBuffer.js"
 import { InvalidConfig } from "../src/KafkaError.js"
@@ -17,6 +16,7 @@ import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 import { offsetStoreSuite, refusal, SuiteResults } from "./offsetStoreSuite.js"
+import { commitDroppingProxy as sharedCommitDroppingProxy } from "./support/commitProxy.js"
 
 const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
 const run = `${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`
@@ -78,57 +78,25 @@ const frontendMessages = function*(buffer: Buffer): Generator<
  * the transaction committed, and the client never hears it. COMMIT is recognised whether it is sent as a simple query
  * or through the extended protocol (a Parse of `commit`, or a Bind of a statement parsed as `commit` before).
  */
-const commitDroppingProxy = Effect.gen(function*() {
-  const upstreamAddress = new URL(url)
-  const state = { armed: false, dropped: 0 }
-  const server = yield* Effect.acquireRelease(
-    Effect.async<net.Server>((resume) => {
-      const server = net.createServer((downstream) => {
-        const upstream = net.connect(Number(upstreamAddress.port || 5432), upstreamAddress.hostname)
-        let committing = false
-        let startup = true
-        const commits = new Set<string>()
-        const close = () => {
-          downstream.destroy()
-          upstream.destroy()
-        }
-        downstream.on("data", (chunk: Buffer) => {
-          // The first message (startup, or an SSL request) has no type byte.
-          if (startup) startup = false
-          else {
-            for (const message of frontendMessages(chunk)) {
-              const isCommit = (message.type === "query" && message.text.trim().toLowerCase() === "commit") ||
-                (message.type === "parse" && message.text.trim().toLowerCase() === "commit") ||
-                (message.type === "bind" && commits.has(message.statement))
-              if (message.type === "parse" && isCommit) commits.add(message.name)
-              if (state.armed && isCommit) committing = true
-            }
-          }
-          upstream.write(chunk)
-        })
-        upstream.on("data", (chunk: Buffer) => {
-          if (!committing) return downstream.write(chunk)
-          state.armed = false
-          state.dropped++
-          close()
-        })
-        for (const socket of [downstream, upstream]) {
-          socket.on("error", close)
-          socket.on("close", close)
-        }
-      })
-      server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
-    }),
-    (server) =>
-      Effect.async<void>((resume) => {
-        server.close(() => resume(Effect.void))
-      })
-  )
-  const address = server.address()
-  const proxied = new URL(url)
-  proxied.hostname = "127.0.0.1"
-  proxied.port = String(typeof address === "object" && address !== null ? address.port : 0)
-  return { state, url: proxied.toString() }
+const commitDroppingProxy = sharedCommitDroppingProxy(url, 5432, () => {
+  // The first message (startup, or an SSL request) has no type byte.
+  let startup = true
+  const commits = new Set<string>()
+  return (chunk) => {
+    if (startup) {
+      startup = false
+      return false
+    }
+    let found = false
+    for (const message of frontendMessages(chunk)) {
+      const isCommit = (message.type === "query" && message.text.trim().toLowerCase() === "commit") ||
+        (message.type === "parse" && message.text.trim().toLowerCase() === "commit") ||
+        (message.type === "bind" && commits.has(message.statement))
+      if (message.type === "parse" && isCommit) commits.add(message.name)
+      if (isCommit) found = true
+    }
+    return found
+  }
 })
 
 // The test's own connection, to set up tables and to read what committed from outside any unit of work.
@@ -965,7 +933,7 @@ describe("PgOffsetStore", () => {
           const groupId = newGroup()
           const epoch = yield* epochOf(store, groupId)
           const attempts = yield* Ref.make(0)
-          proxy.state.armed = true
+          proxy.state.armed = "after"
           const unit = shape === "a unit of a chunk"
             ? { groupId, partition: orders0, epoch, next: 1n }
             : { groupId, partition: orders0, epoch, next: 1n, finished: [[3n, 4n]] as const }

@@ -10,13 +10,13 @@ import * as ManagedRuntime from "effect/ManagedRuntime"
 import * as Ref from "effect/Ref"
 import * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
-import * as net from "node:net"
 import { InvalidConfig } from "../src/KafkaError.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as SqlOffsetStore from "../src/SqlOffsetStore.js"
 import * as TopicPartition from "../src/TopicPartition.js"
 import { offsetStoreSuite, SuiteResults } from "./offsetStoreSuite.js"
+import { commitDroppingProxy as sharedCommitDroppingProxy } from "./support/commitProxy.js"
 import { clientLayer, type Database, databases, exec, mysqlUrl, serialKey } from "./support/sqlStores.js"
 
 const runId = `${Date.now().toString(36)}_${crypto.randomUUID().slice(0, 8)}`
@@ -387,55 +387,9 @@ describe("SqlOffsetStore on MariaDB, when the position is being stored", () => {
  * `commit`): before passing it on (the transaction does not commit), or after, before its answer reaches the client
  * (it commits, and the client never hears it).
  */
-const commitDroppingProxy = Effect.gen(function*() {
-  const state = { armed: undefined as "before" | "after" | undefined, dropped: 0 }
-  const target = new URL(mysqlUrl)
-  const server = yield* Effect.acquireRelease(
-    Effect.async<net.Server>((resume) => {
-      const server = net.createServer((downstream) => {
-        const upstream = net.connect(Number(target.port || 3306), target.hostname)
-        let committing = false
-        const close = () => {
-          downstream.destroy()
-          upstream.destroy()
-        }
-        downstream.on("data", (chunk: Buffer) => {
-          const isCommit = chunk.length > 5 && chunk[4] === 0x03 &&
-            chunk.subarray(5).toString("utf8").trim().toLowerCase() === "commit"
-          if (state.armed !== undefined && isCommit) {
-            if (state.armed === "before") {
-              state.armed = undefined
-              state.dropped++
-              return close()
-            }
-            committing = true
-          }
-          upstream.write(chunk)
-        })
-        upstream.on("data", (chunk: Buffer) => {
-          if (!committing) return downstream.write(chunk)
-          state.armed = undefined
-          state.dropped++
-          close()
-        })
-        for (const socket of [downstream, upstream]) {
-          socket.on("error", close)
-          socket.on("close", close)
-        }
-      })
-      server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
-    }),
-    (server) =>
-      Effect.async<void>((resume) => {
-        server.close(() => resume(Effect.void))
-      })
-  )
-  const address = server.address()
-  const proxied = new URL(mysqlUrl)
-  proxied.hostname = "127.0.0.1"
-  proxied.port = String(typeof address === "object" && address !== null ? address.port : 0)
-  return { state, url: proxied.toString() }
-})
+const commitDroppingProxy = sharedCommitDroppingProxy(mysqlUrl, 3306, () => (chunk) =>
+  // A COM_QUERY packet: three bytes of length, one of sequence, the command 0x03, then the statement.
+  chunk.length > 5 && chunk[4] === 0x03 && chunk.subarray(5).toString("utf8").trim().toLowerCase() === "commit")
 
 describe("SqlOffsetStore on MariaDB, when the connection is lost during COMMIT", () => {
   for (const when of ["before", "after"] as const) {

@@ -10,6 +10,18 @@ import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
 import { OffsetStoreError } from "../../KafkaError.js"
 
+/** Node's codes for a connection that could not be made or is gone. @internal */
+export const socketErrorCodes: ReadonlyArray<string> = [
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EPIPE",
+  "ETIMEDOUT"
+]
+
 /** A failure that passes: the operation is tried again, on the retry schedule. @internal */
 export class Transient extends Data.TaggedError("Transient")<{ readonly error: OffsetStoreError }> {}
 

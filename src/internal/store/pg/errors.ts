@@ -3,6 +3,7 @@
  * says what to do about the others.
  */
 import { OffsetStoreError } from "../../../KafkaError.js"
+import { socketErrorCodes } from "../retry.js"
 
 /** @internal */
 export const STORE = "postgres"
@@ -15,19 +16,7 @@ export const errorCode = (cause: unknown): string | undefined =>
 
 // Codes of postgres.js and Node for a connection that could not be made or is gone. Not among them: postgres.js's
 // CONNECTION_ENDED, which says that the client itself was ended (`sql.end()`) and will never connect again.
-const UNREACHABLE = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "ENOTFOUND",
-  "EAI_AGAIN",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "EPIPE",
-  "ETIMEDOUT",
-  "CONNECT_TIMEOUT",
-  "CONNECTION_CLOSED",
-  "CONNECTION_DESTROYED"
-])
+const UNREACHABLE = new Set([...socketErrorCodes, "CONNECT_TIMEOUT", "CONNECTION_CLOSED", "CONNECTION_DESTROYED"])
 
 /** The connection is gone: connection exceptions (class 08) and the server shutting down or restarting. @internal */
 export const isConnectionLost = (code: string | undefined): boolean =>

@@ -10,7 +10,7 @@ import type * as Scope from "effect/Scope"
 import { InvalidConfig, type OffsetStoreError } from "../../../KafkaError.js"
 import type { Claim, CommitUnit, OffsetStore } from "../../../OffsetStore.js"
 import * as TopicPartition from "../../../TopicPartition.js"
-import * as Progress from "../../consumer/progress.js"
+import { claimOf, inLockOrder } from "../claims.js"
 import {
   connect,
   defaultRetry,
@@ -67,9 +67,7 @@ const claim = (
   groupId: string,
   partitions: ReadonlyArray<TopicPartition.TopicPartition>
 ): Effect.Effect<ReadonlyMap<string, Claim>, OffsetStoreError> => {
-  const unique = [...new Map(partitions.map((tp) => [TopicPartition.key(tp), tp])).values()].sort(
-    TopicPartition.compare
-  )
+  const unique = inLockOrder(partitions)
   if (unique.length === 0) return Effect.succeed(new Map())
   return retrying(
     pg,
@@ -94,13 +92,7 @@ const claim = (
   ).pipe(Effect.map((rows) => {
     const claims = new Map<string, Claim>()
     for (const [topic, partition, next, epoch, finishedText] of rows) {
-      const position = next === null ? null : BigInt(next)
-      const finished = position === null ? [] : Progress.decode(position, finishedText)
-      claims.set(TopicPartition.key(TopicPartition.make(topic, Number(partition))), {
-        epoch: BigInt(epoch),
-        position,
-        ...(finished.length === 0 ? {} : { finished })
-      })
+      claims.set(TopicPartition.key(TopicPartition.make(topic, Number(partition))), claimOf(next, epoch, finishedText))
     }
     return claims
   }))

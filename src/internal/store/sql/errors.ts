@@ -4,7 +4,7 @@
  * end the transaction on the server, and the `OffsetStoreError` that says what to do about the rest.
  */
 import { OffsetStoreError } from "../../../KafkaError.js"
-import { Transient } from "../retry.js"
+import { socketErrorCodes, Transient } from "../retry.js"
 import { databaseName, type Dialect } from "./dialect.js"
 
 /** The client's own error behind an `SqlError` (or the error itself when it has no cause). @internal */
@@ -33,17 +33,7 @@ export const describe = (cause: unknown): string => {
   return error instanceof Error ? error.message : String(error)
 }
 
-// Node's codes for a connection that could not be made or is gone.
-const SOCKET = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "ENOTFOUND",
-  "EAI_AGAIN",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "EPIPE",
-  "ETIMEDOUT"
-])
+const SOCKET = new Set(socketErrorCodes)
 
 // mysql2's codes for a connection that is gone, and the server's errors that end the session: 1053 shutting down,
 // 1927 connection killed (MariaDB), 2006 and 2013 gone or lost, 4031 closed for inactivity.

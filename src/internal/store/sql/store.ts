@@ -11,9 +11,10 @@ import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
 import type { Semaphore } from "effect/Effect"
 import { InvalidConfig, type OffsetStoreError } from "../../../KafkaError.js"
+import type { Options as SqlOffsetStoreOptions } from "../../../SqlOffsetStore.js"
 import type { Claim, CommitUnit, OffsetStore } from "../../../OffsetStore.js"
 import * as TopicPartition from "../../../TopicPartition.js"
-import * as Progress from "../../consumer/progress.js"
+import { claimOf, inLockOrder } from "../claims.js"
 import { defaultRetry, retrying, type Transient } from "../retry.js"
 import {
   asText,
@@ -30,15 +31,12 @@ import {
 import { classify } from "./errors.js"
 import * as unit from "./unit.js"
 
-/** The store's options, as `SqlOffsetStore.Options` declares and explains them. @internal */
-export interface Options {
-  readonly table?: string | undefined
-  readonly schema?: string | undefined
-  readonly migrate?: boolean | undefined
-  readonly isolationLevel?: IsolationLevel | undefined
-  readonly retry?: Schedule.Schedule<unknown, OffsetStoreError> | undefined
-  readonly retryFor?: Duration.DurationInput | undefined
-}
+/**
+ * The store's options, as `SqlOffsetStore.Options` declares and explains them; imported for their type only.
+ *
+ * @internal
+ */
+export type Options = SqlOffsetStoreOptions
 
 /**
  * An open store, as its operations get it.
@@ -167,9 +165,7 @@ const claim = (
   groupId: string,
   partitions: ReadonlyArray<TopicPartition.TopicPartition>
 ): Effect.Effect<ReadonlyMap<string, Claim>, OffsetStoreError> => {
-  const unique = [...new Map(partitions.map((tp) => [TopicPartition.key(tp), tp])).values()].sort(
-    TopicPartition.compare
-  )
+  const unique = inLockOrder(partitions)
   if (unique.length === 0) return Effect.succeed(new Map())
   const statements = claimStatements(store, unique.length)
   const upsertParams = unique.flatMap((tp) => [groupId, tp.topic, tp.partition])
@@ -196,14 +192,14 @@ const claim = (
       Effect.map((rows) => {
         const claims = new Map<string, Claim>()
         for (const row of rows) {
-          const position = row.next_offset === null ? null : BigInt(String(row.next_offset))
-          const finishedText = typeof row.finished === "string" ? row.finished : null
-          const finished = position === null ? [] : Progress.decode(position, finishedText)
-          claims.set(TopicPartition.key(TopicPartition.make(String(row.topic), Number(row.p))), {
-            epoch: BigInt(String(row.epoch)),
-            position,
-            ...(finished.length === 0 ? {} : { finished })
-          })
+          claims.set(
+            TopicPartition.key(TopicPartition.make(String(row.topic), Number(row.p))),
+            claimOf(
+              row.next_offset === null ? null : String(row.next_offset),
+              String(row.epoch),
+              typeof row.finished === "string" ? row.finished : null
+            )
+          )
         }
         return claims
       })
