@@ -426,3 +426,53 @@ describe("SqlOffsetStore on MariaDB, when the connection is lost during COMMIT",
     )
   }
 })
+
+describe("SqlOffsetStore and the application's pool", () => {
+  for (const database of databases) {
+    it.live(`${database}: a unit interrupted while it waits for a connection ends at once, and the connection goes back to the pool once it comes`, () =>
+      Effect.gen(function*() {
+        const group = newGroup()
+        const { epoch } = yield* claimOne(group)
+        const holding = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        // The only connection of the pool, held by a unit.
+        const first = yield* Effect.fork(commitValues(
+          group,
+          epoch,
+          1n,
+          Effect.zipRight(Deferred.succeed(holding, undefined), Deferred.await(release))
+        ))
+        yield* Deferred.await(holding)
+        // Units that wait for it, interrupted while they wait.
+        for (let i = 0; i < 3; i++) {
+          const waiting = yield* Effect.fork(commitValues(group, epoch, 2n, writeResults(group, ["never"])))
+          // Long enough for it to ask the pool, which queues the request at once.
+          yield* Effect.repeatN(Effect.yieldNow(), 50)
+          // At once: an interrupted unit does not wait for the connection it asked for.
+          yield* Fiber.interrupt(waiting).pipe(
+            Effect.timeoutFail({
+              duration: "5 seconds",
+              onTimeout: () => new Error("interrupting a unit that waits for a connection waited for the connection")
+            })
+          )
+        }
+        yield* Deferred.succeed(release, undefined)
+        yield* Fiber.join(first)
+        // The pool still has its connection: the next unit gets it.
+        yield* commitValues(group, epoch, 3n, writeResults(group, ["next"])).pipe(
+          Effect.timeoutFail({
+            duration: "5 seconds",
+            onTimeout: () => new Error("the next unit got no connection: the pool lost the one it had")
+          })
+        )
+        assert.deepStrictEqual(yield* readResults(group), ["next"])
+        assert.strictEqual(yield* position(group), 3n)
+      }).pipe(
+        Effect.provide(
+          Layer.mergeAll(resultsLayer(database), storeLayer()).pipe(
+            Layer.provideMerge(clientLayer(database, { poolSize: 1 }))
+          )
+        )
+      ))
+  }
+})

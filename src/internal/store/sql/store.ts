@@ -28,7 +28,6 @@ import {
   quote,
   tableName
 } from "./dialect.js"
-import { classify } from "./errors.js"
 import * as unit from "./unit.js"
 
 /**
@@ -98,7 +97,7 @@ const onConnection = <A>(
     store.schedule,
     operation,
     Effect.scoped(Effect.flatMap(
-      Effect.mapError(store.client.reserve, classify(store.name, store.dialect, operation)),
+      unit.reserve(store, operation),
       f
     ))
   )

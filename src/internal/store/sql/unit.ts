@@ -9,6 +9,8 @@ import type * as SqlConnection from "@effect/sql/SqlConnection"
 import * as Cause from "effect/Cause"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as Scope from "effect/Scope"
 import { Fenced, OffsetStoreError } from "../../../KafkaError.js"
 import { type CommitUnit, Transaction } from "../../../OffsetStore.js"
 import * as Progress from "../../consumer/progress.js"
@@ -43,6 +45,29 @@ export const run = (
       >,
     classify(store.name, store.dialect, operation)
   )
+
+/**
+ * A connection of the application's pool, given back when the caller's scope closes, and given back too when the
+ * caller is interrupted while it waits for one: @effect/sql-pg 0.53's `reserve` loses a connection that arrives after
+ * its caller was interrupted (the pool then runs dry, and every unit waits for ever). The wait runs on a fiber of its
+ * own, which is never interrupted; the caller only joins it.
+ *
+ * @internal
+ */
+export const reserve = (
+  store: SqlStore,
+  operation: string
+): Effect.Effect<SqlConnection.Connection, OffsetStoreError | Transient, Scope.Scope> =>
+  Effect.gen(function*() {
+    const held = yield* Scope.make()
+    const waiting = yield* Effect.forkDaemon(Scope.extend(store.client.reserve, held))
+    yield* Effect.addFinalizer(() =>
+      waiting.unsafePoll() === null
+        ? Effect.asVoid(Effect.forkDaemon(Effect.zipRight(Fiber.await(waiting), Scope.close(held, Exit.void))))
+        : Scope.close(held, Exit.void)
+    )
+    return yield* Effect.mapError(Fiber.join(waiting), classify(store.name, store.dialect, operation))
+  })
 
 const partitionColumn = (store: SqlStore) => quote(store.dialect, "partition")
 
@@ -139,7 +164,7 @@ const settle = (
 ): Effect.Effect<void, OffsetStoreError | Transient> =>
   Effect.scoped(
     Effect.flatMap(
-      Effect.mapError(store.client.reserve, classify(store.name, store.dialect, "commit")),
+      reserve(store, "commit"),
       (connection) =>
         run(
           store,
@@ -210,9 +235,7 @@ const attempt = <A, E, R>(
 ): Effect.Effect<A, E | Fenced | OffsetStoreError | Transient, Exclude<R, Transaction>> =>
   Effect.scoped(Effect.uninterruptibleMask((restore) =>
     Effect.gen(function*() {
-      const reserved = yield* restore(
-        Effect.mapError(store.client.reserve, classify(store.name, store.dialect, "commit"))
-      )
+      const reserved = yield* restore(reserve(store, "commit"))
       const connection = new UnitConnection(store.dialect, reserved)
       for (const statement of begin(store.dialect, store.isolationLevel)) {
         yield* restore(inUnit(store, connection, statement, [])).pipe(
