@@ -8,6 +8,7 @@ import type * as SqlConnection from "@effect/sql/SqlConnection"
 import type * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import type * as Runtime from "effect/Runtime"
 import * as Schedule from "effect/Schedule"
 import type { Semaphore } from "effect/Effect"
 import { InvalidConfig, type OffsetStoreError } from "../../../KafkaError.js"
@@ -52,6 +53,8 @@ export interface SqlStore {
   readonly schedule: Schedule.Schedule<unknown, OffsetStoreError>
   /** Per partition: the units of this process take turns from storing their position to COMMIT's answer. */
   readonly tails: (unit: CommitUnit) => Semaphore
+  /** Runs the waits for a connection, on fibers of their own (see `unit.reserve`). */
+  readonly runtime: Runtime.Runtime<never>
 }
 
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/
@@ -270,6 +273,7 @@ export const open = (
       table,
       isolationLevel: options.isolationLevel,
       schedule: Schedule.upTo(options.retry ?? defaultRetry, retryFor.value),
+      runtime: yield* Effect.runtime<never>(),
       tails: (commitUnit) => {
         const key = `${commitUnit.groupId}\u0000${TopicPartition.key(commitUnit.partition)}`
         let tail = tails.get(key)

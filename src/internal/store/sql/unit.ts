@@ -10,6 +10,7 @@ import * as Cause from "effect/Cause"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
+import * as Runtime from "effect/Runtime"
 import * as Scope from "effect/Scope"
 import { Fenced, OffsetStoreError } from "../../../KafkaError.js"
 import { type CommitUnit, Transaction } from "../../../OffsetStore.js"
@@ -60,13 +61,21 @@ export const reserve = (
 ): Effect.Effect<SqlConnection.Connection, OffsetStoreError | Transient, Scope.Scope> =>
   Effect.gen(function*() {
     const held = yield* Scope.make()
-    const waiting = yield* Effect.forkDaemon(Scope.extend(store.client.reserve, held))
-    yield* Effect.addFinalizer(() =>
-      waiting.unsafePoll() === null
-        ? Effect.asVoid(Effect.forkDaemon(Effect.zipRight(Fiber.await(waiting), Scope.close(held, Exit.void))))
-        : Scope.close(held, Exit.void)
+    // Forked from the store's runtime, not from the caller: a fork copies the caller's FiberRefs, whose cost grew with
+    // every unit of a long-lived consumer fiber.
+    const waiting = Runtime.runFork(store.runtime)(Scope.extend(store.client.reserve, held))
+    // Added to the scope as it is: `Effect.addFinalizer` would diff and patch the fiber's FiberRefs on every unit.
+    yield* Scope.addFinalizer(
+      yield* Effect.scope,
+      Effect.suspend(() =>
+        waiting.unsafePoll() === null
+          ? Effect.asVoid(Effect.forkDaemon(Effect.zipRight(Fiber.await(waiting), Scope.close(held, Exit.void))))
+          : Scope.close(held, Exit.void)
+      )
     )
-    return yield* Effect.mapError(Fiber.join(waiting), classify(store.name, store.dialect, operation))
+    // Awaited, not joined: joining would merge the waiting fiber's FiberRefs into the caller's, whose history then
+    // grows with every unit.
+    return yield* Effect.mapError(Effect.flatten(Fiber.await(waiting)), classify(store.name, store.dialect, operation))
   })
 
 const partitionColumn = (store: SqlStore) => quote(store.dialect, "partition")
