@@ -476,3 +476,22 @@ describe("SqlOffsetStore and the application's pool", () => {
       ))
   }
 })
+
+describe("SqlOffsetStore.migrate", () => {
+  for (const database of ["mysql", "pg"] as const) {
+    it.effect(`${database}: fails, saying why, when the column it adds cannot be added`, () =>
+      Effect.gen(function*() {
+        // A view by the table's name: `create table if not exists` leaves it be, and it takes no new column.
+        const view = `${table}_view`
+        yield* exec(`create view ${view} as select 1 as group_id`)
+        const exit = yield* Effect.exit(SqlOffsetStore.migrate({ table: view }))
+        yield* exec(`drop view ${view}`)
+        assert.isTrue(Exit.isFailure(exit), "migrate went on without the unit_id column")
+        assert.isTrue(
+          Exit.isFailure(exit) && exit.cause._tag === "Fail" &&
+            exit.cause.error instanceof OffsetStore.OffsetStoreError,
+          String(Exit.isFailure(exit) ? exit.cause : "")
+        )
+      }).pipe(Effect.provide(clientLayer(database))))
+  }
+})

@@ -10,7 +10,7 @@ import type * as Scope from "effect/Scope"
 import { InvalidConfig, type OffsetStoreError } from "../../../KafkaError.js"
 import type { Claim, CommitUnit, OffsetStore } from "../../../OffsetStore.js"
 import * as TopicPartition from "../../../TopicPartition.js"
-import { claimOf, inLockOrder } from "../claims.js"
+import { claimOf, inLockOrder, positionsAmong, topicsOf } from "../claims.js"
 import {
   connect,
   defaultRetry,
@@ -31,8 +31,7 @@ const load = (
   partitions: ReadonlyArray<TopicPartition.TopicPartition>
 ): Effect.Effect<ReadonlyMap<string, bigint>, OffsetStoreError> => {
   if (partitions.length === 0) return Effect.succeed(new Map())
-  const wanted = new Set(partitions.map(TopicPartition.key))
-  const topics = [...new Set(partitions.map((tp) => tp.topic))]
+  const topics = topicsOf(partitions)
   return retrying(
     pg,
     "load",
@@ -48,14 +47,7 @@ const load = (
         ),
       catch: onPool(pg, "load")
     })
-  ).pipe(Effect.map((rows) => {
-    const positions = new Map<string, bigint>()
-    for (const [topic, partition, next] of rows) {
-      const key = TopicPartition.key(TopicPartition.make(topic, Number(partition)))
-      if (wanted.has(key)) positions.set(key, BigInt(next))
-    }
-    return positions
-  }))
+  ).pipe(Effect.map((rows) => positionsAmong(partitions, rows)))
 }
 
 // One statement for all the partitions, in a fixed order so that two claims of overlapping partitions lock rows

@@ -23,6 +23,9 @@ export const databaseName = (dialect: Dialect): string =>
 /** A quoted identifier; the names given to it are checked to be plain identifiers first. @internal */
 export const quote = (dialect: Dialect, name: string): string => dialect === "mysql" ? `\`${name}\`` : `"${name}"`
 
+/** The `partition` column, a reserved word in MySQL. @internal */
+export const partitionColumn = (dialect: Dialect): string => quote(dialect, "partition")
+
 /** A table name, with its schema (a database, on MySQL) when given. @internal */
 export const tableName = (dialect: Dialect, table: string, schema: string | undefined): string =>
   schema === undefined ? quote(dialect, table) : `${quote(dialect, schema)}.${quote(dialect, table)}`

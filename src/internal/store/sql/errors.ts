@@ -3,16 +3,14 @@
  * ones pass and are retried (a lost connection, a deadlock, a serialization failure, a busy database), which of those
  * end the transaction on the server, and the `OffsetStoreError` that says what to do about the rest.
  */
+import { SqlError } from "@effect/sql/SqlError"
 import { OffsetStoreError } from "../../../KafkaError.js"
 import { socketErrorCodes, Transient } from "../retry.js"
 import { databaseName, type Dialect } from "./dialect.js"
 
 /** The client's own error behind an `SqlError` (or the error itself when it has no cause). @internal */
 export const driverError = (error: unknown): unknown =>
-  typeof error === "object" && error !== null && "_tag" in error && error._tag === "SqlError" && "cause" in error &&
-    error.cause !== undefined
-    ? error.cause
-    : error
+  error instanceof SqlError && error.cause !== undefined ? error.cause : error
 
 const field = (cause: unknown, name: string): unknown =>
   typeof cause === "object" && cause !== null && name in cause ? (cause as Record<string, unknown>)[name] : undefined

@@ -15,7 +15,7 @@ import { InvalidConfig, type OffsetStoreError } from "../../../KafkaError.js"
 import type { Options as SqlOffsetStoreOptions } from "../../../SqlOffsetStore.js"
 import type { Claim, CommitUnit, OffsetStore } from "../../../OffsetStore.js"
 import * as TopicPartition from "../../../TopicPartition.js"
-import { claimOf, inLockOrder } from "../claims.js"
+import { claimOf, inLockOrder, positionsAmong, topicsOf } from "../claims.js"
 import { defaultRetry, retrying, type Transient } from "../retry.js"
 import {
   asText,
@@ -26,6 +26,7 @@ import {
   type IsolationLevel,
   ISOLATION_LEVELS,
   now,
+  partitionColumn,
   quote,
   tableName
 } from "./dialect.js"
@@ -105,33 +106,30 @@ const onConnection = <A>(
     ))
   )
 
-const partitionColumn = (store: SqlStore) => quote(store.dialect, "partition")
-
 const load = (
   store: SqlStore,
   groupId: string,
   partitions: ReadonlyArray<TopicPartition.TopicPartition>
 ): Effect.Effect<ReadonlyMap<string, bigint>, OffsetStoreError> => {
   if (partitions.length === 0) return Effect.succeed(new Map())
-  const wanted = new Set(partitions.map(TopicPartition.key))
-  const topics = [...new Set(partitions.map((tp) => tp.topic))]
+  const topics = topicsOf(partitions)
   return onConnection(store, "load", (connection) =>
     unit.run(
       store,
       connection,
       "load",
-      `select topic, ${partitionColumn(store)} as p, ${asText(store.dialect, "next_offset")} as next_offset
+      `select topic, ${partitionColumn(store.dialect)} as p, ${asText(store.dialect, "next_offset")} as next_offset
        from ${store.table} where group_id = ? and topic in (${topics.map(() => "?").join(", ")})
        and next_offset is not null`,
       [groupId, ...topics]
-    )).pipe(Effect.map((rows) => {
-      const positions = new Map<string, bigint>()
-      for (const row of rows) {
-        const key = TopicPartition.key(TopicPartition.make(String(row.topic), Number(row.p)))
-        if (wanted.has(key)) positions.set(key, BigInt(String(row.next_offset)))
-      }
-      return positions
-    }))
+    )).pipe(
+      Effect.map((rows) =>
+        positionsAmong(
+          partitions,
+          rows.map((row) => [String(row.topic), Number(row.p), String(row.next_offset)] as const)
+        )
+      )
+    )
 }
 
 // The epoch of each partition goes up by one, in a fixed order so that two claims of overlapping partitions lock
@@ -139,7 +137,7 @@ const load = (
 // committed) and then updates the newest version, so the position it returns includes that unit if it committed.
 // Retrying is safe: a claim whose answer was lost only makes the epoch skip a number.
 const claimStatements = (store: SqlStore, count: number) => {
-  const p = partitionColumn(store)
+  const p = partitionColumn(store.dialect)
   const values = Array.from({ length: count }, () => `(?, ?, ?, null, 1, ${now(store.dialect)})`).join(", ")
   const columns = `(group_id, topic, ${p}, next_offset, epoch, updated_at)`
   const returned = `topic, ${p} as p, ${asText(store.dialect, "next_offset")} as next_offset, ${
@@ -236,7 +234,8 @@ export const ensureTable = (store: SqlStore, schema: string | undefined): Effect
           "migrate",
           `alter table ${store.table} add column unit_id ${store.dialect === "mysql" ? "varchar(64)" : "text"}`,
           []
-        ).pipe(Effect.catchAll((error) => Effect.zipRight(hasUnitId, Effect.fail(error)).pipe(Effect.ignore))))
+          // A migration beside this one may have added it first: then it is there, and this one goes on.
+        ).pipe(Effect.catchAll((error) => Effect.orElse(hasUnitId, () => Effect.fail(error)))))
     }))
 
 /** @internal */

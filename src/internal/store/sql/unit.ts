@@ -17,7 +17,7 @@ import { type CommitUnit, Transaction } from "../../../OffsetStore.js"
 import * as Progress from "../../consumer/progress.js"
 import { retrying, Transient } from "../retry.js"
 import { UnitConnection } from "./connection.js"
-import { asText, begin, forShare, forUpdate, now, placeholders, quote } from "./dialect.js"
+import { asText, begin, forShare, forUpdate, now, partitionColumn, placeholders } from "./dialect.js"
 import { classify, describe } from "./errors.js"
 import type { SqlStore } from "./store.js"
 
@@ -78,9 +78,7 @@ export const reserve = (
     return yield* Effect.mapError(Effect.flatten(Fiber.await(waiting)), classify(store.name, store.dialect, operation))
   })
 
-const partitionColumn = (store: SqlStore) => quote(store.dialect, "partition")
-
-const where = (store: SqlStore) => `where group_id = ? and topic = ? and ${partitionColumn(store)} = ?`
+const where = (store: SqlStore) => `where group_id = ? and topic = ? and ${partitionColumn(store.dialect)} = ?`
 
 const placeOf = (unit: CommitUnit): ReadonlyArray<unknown> => [
   unit.groupId,
