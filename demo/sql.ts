@@ -24,13 +24,17 @@ export type SqlDatabase =
   | { readonly _tag: "Mysql"; readonly url: string }
   | { readonly _tag: "Sqlite"; readonly file: string }
 
-// The lab names a run's group after its topic; results carry the group, so several runs share one table.
-const sink: ResultSink<SqlClient.SqlClient> = {
+/**
+ * Results written with the application's own `SqlClient`, one row per record into `table` (group_id, record), which the
+ * store runs in the unit's transaction. The lab names a run's group after its topic; results carry the group, so
+ * several runs share one table.
+ */
+export const sqlSink = (table: string): ResultSink<SqlClient.SqlClient> => ({
   write: (records) =>
     Effect.flatMap(
       SqlClient.SqlClient,
       (sql) =>
-        sql`insert into ${sql(RESULTS)} ${
+        sql`insert into ${sql(table)} ${
           sql.insert(Chunk.toReadonlyArray(Chunk.map(records, (r) => ({
             group_id: `${r.topic}-group`,
             record: recordKey(r)
@@ -40,10 +44,18 @@ const sink: ResultSink<SqlClient.SqlClient> = {
   read: (groupId) =>
     Effect.flatMap(SqlClient.SqlClient, (sql) =>
       Effect.map(
-        sql<{ readonly record: string }>`select record from ${sql(RESULTS)} where group_id = ${groupId}`,
+        sql<{ readonly record: string }>`select record from ${sql(table)} where group_id = ${groupId}`,
         (rows) => rows.map((row) => String(row.record))
       ))
-}
+})
+
+/** Creates `table` for `sqlSink` if it does not exist. */
+export const createResultsTable = (table: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) =>
+      sql.unsafe(`create table if not exists ${table} (group_id varchar(255) not null, record varchar(255) not null)`)
+  )
 
 const clientOf = (database: SqlDatabase): Layer.Layer<SqlClient.SqlClient, unknown> =>
   database._tag === "Mysql"
@@ -54,11 +66,8 @@ const clientOf = (database: SqlDatabase): Layer.Layer<SqlClient.SqlClient, unkno
 /** Runs the `transactional` workload with positions and results in the database. */
 export const runTransactional = (workload: Workload, database: SqlDatabase): Effect.Effect<Outcome, unknown> =>
   Effect.gen(function*() {
-    const sql = yield* SqlClient.SqlClient
-    yield* sql.unsafe(
-      `create table if not exists ${RESULTS} (group_id varchar(255) not null, record varchar(255) not null)`
-    )
-    return yield* runWorkload(workload, transactionalPlan(sink))
+    yield* createResultsTable(RESULTS)
+    return yield* runWorkload(workload, transactionalPlan(sqlSink(RESULTS)))
   }).pipe(
     Effect.provide(
       Layer.mergeAll(

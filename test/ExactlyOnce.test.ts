@@ -1,6 +1,5 @@
 import { NodeContext } from "@effect/platform-node"
 import * as FileSystem from "@effect/platform/FileSystem"
-import * as SqlClient from "@effect/sql/SqlClient"
 import { afterAll, assert, describe, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
@@ -30,6 +29,7 @@ import * as InMemoryKafka from "../src/InMemoryKafka.js"
 import * as OffsetStore from "../src/OffsetStore.js"
 import * as PgOffsetStore from "../src/PgOffsetStore.js"
 import * as SqlOffsetStore from "../src/SqlOffsetStore.js"
+import { createResultsTable, sqlSink as labSqlSink } from "../demo/sql.js"
 import { eventually, settled } from "./support/kit.js"
 import { clientLayer, type Database, databases, exec } from "./support/sqlStores.js"
 
@@ -93,41 +93,15 @@ afterAll(async () => {
   }
 })
 
-/**
- * Results written by the handler with the application's own `sql`, which the store runs in the unit's transaction; in
- * a plain table with no unique key. A record's group is its topic's (`<topic>-group`), as in the lab's runs and the
- * zombie's.
- */
-const sqlSink: ResultSink<SqlClient.SqlClient> = {
-  write: (records) =>
-    Effect.flatMap(
-      SqlClient.SqlClient,
-      (sql) =>
-        sql`insert into ${sql(sqlResultsTable)} ${
-          sql.insert(Chunk.toReadonlyArray(Chunk.map(records, (r) => ({
-            group_id: `${r.topic}-group`,
-            record_key: recordKey(r)
-          }))))
-        }`
-    ).pipe(Effect.asVoid),
-  read: (groupId) =>
-    Effect.flatMap(
-      SqlClient.SqlClient,
-      (sql) =>
-        sql<{ readonly record_key: string }>`select record_key from ${sql(sqlResultsTable)}
-        where group_id = ${groupId}`
-    ).pipe(Effect.map((rows) => rows.map((r) => String(r.record_key))))
-}
+/** Results written by the handler with the application's own `sql`, in a plain table with no unique key. */
+const sqlSink = labSqlSink(sqlResultsTable)
 
 /** The in-memory broker, SqlOffsetStore and the results table, on the application's client of `database`. */
 const sqlLayer = (database: Database) =>
   Layer.mergeAll(
     InMemoryKafka.layer(),
     SqlOffsetStore.layer({ table: sqlOffsetsTable, migrate: true }),
-    Layer.effectDiscard(
-      exec(`create table if not exists ${sqlResultsTable} (group_id varchar(200) not null,
-            record_key varchar(64) not null)`)
-    )
+    Layer.effectDiscard(createResultsTable(sqlResultsTable))
   ).pipe(Layer.provideMerge(clientLayer(database)))
 
 const exactlyOnce = (outcome: Outcome, options: { readonly zombies?: boolean } = {}) => {
